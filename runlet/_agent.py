@@ -1,0 +1,63 @@
+"""Agents: instructions, a model and tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from ._errors import ConfigurationError
+from ._model import Model
+from ._tools import ToolDefinition, ToolSpec
+
+__all__ = ["Agent"]
+
+
+def _tools_tuple(tools: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    return tools if type(tools) is tuple else tuple(tools)
+
+
+@attrs.frozen
+class Agent:
+    """An agent: what the model is told, which model answers, and which tools it may call.
+
+    Agents hold no run state, so one agent can serve any number of concurrent runs.
+
+    Args:
+        name: A name for the agent; checkpoints record it, and a resume must be given an
+            agent with the same name.
+        instructions: The system prompt sent with every model request.
+        model: The model adapter (see :class:`~runlet.Model`).
+        tools: The tools the model may call.
+
+    Raises:
+        ConfigurationError: Two tools share a name, or a tool is not a ToolSpec.
+    """
+
+    name: str
+    instructions: str
+    model: Model
+    tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_tools_tuple)
+    _by_name: dict[str, ToolSpec] = attrs.field(init=False, repr=False, eq=False)
+    _definitions: tuple[ToolDefinition, ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_name: dict[str, ToolSpec] = {}
+        for tool in self.tools:
+            if not isinstance(tool, ToolSpec):
+                raise ConfigurationError(
+                    f"Agent {self.name!r}: tools must be ToolSpec objects, "
+                    f"got {type(tool).__name__}."
+                )
+            if tool.name in by_name:
+                raise ConfigurationError(
+                    f"Agent {self.name!r} has two tools named {tool.name!r}; "
+                    "tool names must be unique."
+                )
+            by_name[tool.name] = tool
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_definitions", tuple(t.definition for t in self.tools))
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The tool called *name*, or ``None``."""
+        return self._by_name.get(name)

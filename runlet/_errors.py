@@ -1,0 +1,175 @@
+"""Every error Runlet raises on purpose.
+
+All of them derive from :class:`RunletError`, so ``except runlet.RunletError`` catches
+whatever Runlet itself refused or could not do. Cancellation is never turned into one of
+these: it always propagates as the event loop's own cancellation exception.
+
+The tree::
+
+    RunletError
+    ├── ConfigurationError            a ToolSpec, Agent or Runtime is set up wrongly
+    │   └── CheckpointStoreRequiredError   a run must interrupt, but there is no store
+    ├── ModelError                    the model adapter failed
+    │   ├── ModelResponseError        it answered with something unusable
+    │   ├── ModelAPIError             the API answered with an error status
+    │   └── ModelConnectionError      the API could not be reached
+    ├── MaxTurnsExceededError         the run asked the model too many times
+    ├── HumanResponseError            a HumanResponse does not fit the open request
+    ├── ResumeError                   a checkpoint cannot be resumed as asked
+    │   ├── CheckpointNotFoundError   no such checkpoint (never saved, or already resumed)
+    │   ├── CheckpointClaimedError    another resume holds the checkpoint right now
+    │   └── MissingToolError          the agent given to resume lacks a pending call's tool
+    └── CheckpointSerializationError  checkpoint data cannot be turned into JSON or back
+
+Errors raised during a resume never consume the checkpoint: it stays loadable and
+resumable, so the application can correct the problem and try again.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointClaimedError",
+    "CheckpointNotFoundError",
+    "CheckpointSerializationError",
+    "CheckpointStoreRequiredError",
+    "ConfigurationError",
+    "HumanResponseError",
+    "MaxTurnsExceededError",
+    "MissingToolError",
+    "ModelAPIError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelResponseError",
+    "ResumeError",
+    "RunletError",
+]
+
+
+class RunletError(Exception):
+    """The root of every error Runlet raises on purpose.
+
+    The message always says what went wrong and what to do about it.
+    """
+
+
+class ConfigurationError(RunletError):
+    """Raised when a :class:`~runlet.ToolSpec`, :class:`~runlet.Agent` or
+    :class:`~runlet.Runtime` is built with values that cannot work, such as an invalid
+    JSON Schema or two tools with the same name."""
+
+
+class CheckpointStoreRequiredError(ConfigurationError):
+    """Raised when a run must stop for a human but its :class:`~runlet.Runtime` has no
+    checkpoint store. It is raised before any tool of that turn runs.
+
+    Give the runtime a store: ``Runtime(checkpoint_store=InMemoryCheckpointStore())``.
+    """
+
+
+class ModelError(RunletError):
+    """Raised when the model adapter fails: its ``complete()`` raised, or the answer
+    could not be used. The original exception, if any, is the ``__cause__``."""
+
+
+class ModelResponseError(ModelError):
+    """Raised when the model answered with something Runlet cannot use: not a
+    :class:`~runlet.ModelResponse`, not an assistant message, JSON that does not parse,
+    or tool arguments that are not a JSON object."""
+
+
+class ModelAPIError(ModelError):
+    """Raised when a model API answers with an error status that retrying will not fix
+    (or that still failed after the last retry).
+
+    Attributes:
+        status_code: The HTTP status code.
+        body: The API's own error message, as the API worded it.
+    """
+
+    def __init__(self, message: str, *, status_code: int, body: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+
+
+class ModelConnectionError(ModelError):
+    """Raised when a model API could not be reached (connection refused, reset or timed
+    out) after the last retry."""
+
+
+class MaxTurnsExceededError(RunletError):
+    """Raised when a run asks the model more times than the runtime's ``max_turns``.
+
+    This stops runaway loops. Raise the limit with ``Runtime(max_turns=...)`` if the agent
+    legitimately needs more turns.
+
+    Attributes:
+        max_turns: The limit that was reached.
+    """
+
+    def __init__(self, message: str, *, max_turns: int) -> None:
+        super().__init__(message)
+        self.max_turns = max_turns
+
+
+class HumanResponseError(RunletError):
+    """Raised when a :class:`~runlet.HumanResponse` makes no sense on its own (at
+    construction) or does not fit the open :class:`~runlet.HumanRequest` (at resume): a
+    wrong ``request_id``, an action that does not fit the request's kind, an option id
+    that was not offered, or edited arguments that fail the tool's schema.
+
+    The checkpoint is left untouched; resume again with a corrected response.
+    """
+
+
+class ResumeError(RunletError):
+    """Raised when a checkpoint cannot be resumed as asked. The checkpoint, if it exists,
+    is left loadable and resumable.
+
+    Attributes:
+        checkpoint_id: The checkpoint the resume was given.
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: str) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+
+class CheckpointNotFoundError(ResumeError):
+    """Raised by a :class:`~runlet.CheckpointStore` (and so by
+    :meth:`~runlet.Runtime.resume`) when no checkpoint has the given id: it was never
+    saved, it was deleted, or a resume already finished with it and retired it."""
+
+
+class CheckpointClaimedError(ResumeError):
+    """Raised when another resume of the same checkpoint is under way. Only one resume of
+    a checkpoint may run at a time, so a tool waiting for approval runs at most once."""
+
+
+class MissingToolError(ResumeError):
+    """Raised at resume when the supplied agent has no tool for a pending call, or is not
+    the agent that was interrupted. Checkpoints never hold handlers, so the resuming
+    process must supply an agent with the same tools.
+
+    Attributes:
+        tool_name: The tool the agent lacks (``None`` when the agent's name differs).
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: str, tool_name: str | None) -> None:
+        super().__init__(message, checkpoint_id=checkpoint_id)
+        self.tool_name = tool_name
+
+
+class CheckpointSerializationError(RunletError):
+    """Raised when a checkpoint cannot be turned into JSON-compatible data (a value in
+    ``metadata``, ``options`` or tool arguments is not JSON), or when data cannot be turned
+    back into a checkpoint (malformed, or written by an unknown schema version).
+
+    Attributes:
+        path: Where in the checkpoint the problem is, e.g. ``metadata['when']``, or
+            ``None`` when it concerns the whole document.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

@@ -1,0 +1,314 @@
+"""The one place that runs turns: ask the model, run tools, decide to interrupt.
+
+Everything here is on the per-turn path, so it avoids work that does not change the
+outcome: no task group for a single call, no copies beyond the one tuple a
+:class:`ModelRequest` needs, and no validation of objects Runlet builds itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+
+from ._agent import Agent
+from ._checkpoint import Checkpoint
+from ._errors import (
+    CheckpointStoreRequiredError,
+    MaxTurnsExceededError,
+    ModelError,
+    ModelResponseError,
+    RunletError,
+)
+from ._events import (
+    Interrupted,
+    MessageCompleted,
+    StreamEvent,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from ._human import check_ask_human, is_ask_human, make_request, needs_human
+from ._messages import Message, ToolCall, ToolResult, Usage
+from ._model import Model, ModelRequest, ModelResponse, TextDelta
+from ._result import RunResult
+from ._store import CheckpointStore
+from ._tools import ToolContext, ToolSpec
+
+Emit = Callable[[StreamEvent], Awaitable[None]]
+
+
+def new_id(prefix: str) -> str:
+    """A random id such as ``run_3f2a…``; 96 random bits."""
+    return f"{prefix}_{os.urandom(12).hex()}"
+
+
+class RunState:
+    """The mutable state of one run while it executes. Internal; never shared."""
+
+    __slots__ = (
+        "agent",
+        "context_metadata",
+        "emit",
+        "messages",
+        "metadata",
+        "options",
+        "run_id",
+        "transcript",
+        "turns",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        run_id: str,
+        messages: tuple[Message, ...],
+        transcript: list[Message],
+        options: Mapping[str, Any],
+        metadata: Mapping[str, Any],
+        usage: Usage,
+        turns: int,
+        emit: Emit | None,
+    ) -> None:
+        self.agent = agent
+        self.run_id = run_id
+        self.messages = messages
+        self.transcript = transcript
+        self.options = options
+        self.metadata = metadata
+        self.context_metadata = MappingProxyType(metadata)
+        self.usage = usage
+        self.turns = turns
+        self.emit = emit
+
+
+class Loop:
+    """Runs turns for a :class:`~runlet.Runtime`'s settings."""
+
+    __slots__ = ("max_turns", "store")
+
+    def __init__(self, store: CheckpointStore | None, max_turns: int) -> None:
+        self.store = store
+        self.max_turns = max_turns
+
+    async def drive(self, run: RunState) -> RunResult:
+        """Ask the model and handle its tool calls until the run completes or must stop
+        for a person."""
+        agent = run.agent
+        definitions = agent._definitions
+        emit = run.emit
+        while True:
+            if run.turns >= self.max_turns:
+                raise MaxTurnsExceededError(
+                    f"Run {run.run_id} reached max_turns={self.max_turns} model requests "
+                    "without a final answer. If the agent needs more, raise "
+                    "Runtime(max_turns=...); otherwise check why it keeps calling tools.",
+                    max_turns=self.max_turns,
+                )
+            run.turns += 1
+            request = ModelRequest(
+                agent.instructions, tuple(run.transcript), definitions, run.options
+            )
+            response = await _ask(agent.model, request, emit)
+            message = response.message
+            run.transcript.append(message)
+            run.usage = run.usage + response.usage
+            if emit is not None:
+                await emit(MessageCompleted(message))
+            if not message.tool_calls:
+                return RunResult(
+                    status="completed",
+                    output=message.content,
+                    transcript=tuple(run.transcript),
+                    usage=run.usage,
+                    run_id=run.run_id,
+                )
+            results, pending = await self._handle(run, message.tool_calls)
+            interrupted = await self.settle(run, results, pending)
+            if interrupted is not None:
+                return interrupted
+
+    async def _handle(
+        self, run: RunState, calls: tuple[ToolCall, ...]
+    ) -> tuple[dict[str, ToolResult], list[ToolCall]]:
+        """Answer what can be answered now; return the results and the calls that wait
+        for a person, in call order."""
+        agent = run.agent
+        emit = run.emit
+        results: dict[str, ToolResult] = {}
+        ready: list[tuple[ToolCall, ToolSpec]] = []
+        pending: list[ToolCall] = []
+        for call in calls:
+            tool = agent._by_name.get(call.name)
+            problem = _unknown_tool(call, agent) if tool is None else _check_call(call, tool)
+            if problem is not None:
+                result = results[call.id] = ToolResult(call.id, problem, True)
+                if emit is not None:
+                    await emit(ToolCallStarted(call))
+                    await emit(ToolCallFinished(call, result))
+            elif needs_human(tool):  # type: ignore[arg-type]  # not None when no problem
+                pending.append(call)
+            else:
+                ready.append((call, tool))  # type: ignore[arg-type]
+        if pending and self.store is None:
+            raise CheckpointStoreRequiredError(
+                f"Tool call {pending[0].name!r} needs a person, so the run must save a "
+                "checkpoint, but this Runtime has no checkpoint store. Create it with "
+                "Runtime(checkpoint_store=InMemoryCheckpointStore()) or your own store."
+            )
+        if len(ready) == 1:
+            call, tool = ready[0]
+            results[call.id] = await run_tool(run, call, tool, call.arguments)
+        elif ready:
+            async with anyio.create_task_group() as group:
+                for call, tool in ready:
+                    group.start_soon(_run_into, results, run, call, tool)
+        return results, pending
+
+    async def settle(
+        self, run: RunState, results: dict[str, ToolResult], pending: Sequence[ToolCall]
+    ) -> RunResult | None:
+        """Interrupt for the first pending call, or, when none is left, append one tool
+        message per call of the last assistant message, in call order."""
+        calls = run.transcript[-1].tool_calls
+        if not pending:
+            run.transcript.extend(Message.tool(results[call.id]) for call in calls)
+            return None
+        store = self.store
+        if store is None:  # pragma: no cover - _handle and resume check this first
+            raise CheckpointStoreRequiredError("This Runtime has no checkpoint store.")
+        call = pending[0]
+        request = make_request(new_id("req"), call, run.agent._by_name[call.name])
+        checkpoint = Checkpoint(
+            id=new_id("cp"),
+            run_id=run.run_id,
+            agent_name=run.agent.name,
+            messages=run.messages,
+            options=run.options,
+            metadata=run.metadata,
+            transcript=tuple(run.transcript),
+            results=tuple(results[c.id] for c in calls if c.id in results),
+            pending_tool_calls=tuple(pending),
+            request=request,
+            usage=run.usage,
+            turns=run.turns,
+        )
+        await store.save(checkpoint)
+        if run.emit is not None:
+            await run.emit(Interrupted(request, checkpoint.id))
+        return RunResult(
+            status="interrupted",
+            interruption=request,
+            checkpoint_id=checkpoint.id,
+            transcript=checkpoint.transcript,
+            usage=run.usage,
+            run_id=run.run_id,
+        )
+
+
+async def run_tool(
+    run: RunState, call: ToolCall, tool: ToolSpec, arguments: Mapping[str, Any]
+) -> ToolResult:
+    """Run one call's handler and make its result."""
+    emit = run.emit
+    if emit is not None:
+        await emit(ToolCallStarted(call))
+    context = ToolContext(run.run_id, call.id, run.agent.name, run.context_metadata, call.name)
+    content, is_error = await tool._invoke(arguments, context)
+    result = ToolResult(call.id, content, is_error)
+    if emit is not None:
+        await emit(ToolCallFinished(call, result))
+    return result
+
+
+async def _run_into(
+    results: dict[str, ToolResult], run: RunState, call: ToolCall, tool: ToolSpec
+) -> None:
+    results[call.id] = await run_tool(run, call, tool, call.arguments)
+
+
+def _check_call(call: ToolCall, tool: ToolSpec) -> str | None:
+    problem = tool._check_arguments(call.arguments)
+    if problem is None and is_ask_human(tool):
+        problem = check_ask_human(call.arguments)
+    if problem is None:
+        return None
+    return (
+        f"Invalid arguments for tool {call.name!r}: {problem}. "
+        "Call it again with arguments that match its input schema."
+    )
+
+
+def _unknown_tool(call: ToolCall, agent: Agent) -> str:
+    names = ", ".join(repr(name) for name in agent._by_name) or "none"
+    return f"There is no tool named {call.name!r}. The tools you can call are: {names}."
+
+
+async def _ask(model: Model, request: ModelRequest, emit: Emit | None) -> ModelResponse:
+    try:
+        if emit is None:
+            response = await model.complete(request)
+        else:
+            response = await _ask_streaming(model, request, emit)
+    except RunletError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"The model adapter {type(model).__name__} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(response, ModelResponse):
+        raise ModelResponseError(
+            f"{type(model).__name__}.complete() must return a ModelResponse, "
+            f"got {type(response).__name__}."
+        )
+    message = response.message
+    if message.role != "assistant":
+        raise ModelResponseError(
+            f"{type(model).__name__} answered with a {message.role!r} message; a model "
+            "response must hold an assistant message (Message.assistant(...))."
+        )
+    calls = message.tool_calls
+    if len(calls) > 1 and len({call.id for call in calls}) != len(calls):
+        raise ModelResponseError(
+            f"{type(model).__name__} gave two tool calls the same id in one message; "
+            "each call needs its own id."
+        )
+    if emit is not None and message.content and getattr(model, "stream", None) is None:
+        await emit(TextDelta(message.content))
+    return response
+
+
+async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> ModelResponse:
+    stream = getattr(model, "stream", None)
+    if stream is None:
+        # A model that cannot stream still gives the consumer one delta per message;
+        # _ask sends it once the response is known to be usable.
+        return await model.complete(request)
+    final: ModelResponse | None = None
+    async with stream(request) as items:
+        async for item in items:
+            if isinstance(item, ModelResponse):
+                final = item
+            else:
+                await emit(item)
+    if final is None:
+        raise ModelResponseError(
+            f"{type(model).__name__}.stream() ended without its final ModelResponse."
+        )
+    return final
+
+
+def edited_result(result: ToolResult, arguments: Mapping[str, Any]) -> ToolResult:
+    """*result*, noting for the model (and the transcript) that a person changed the
+    call's arguments before it ran."""
+    shown = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+    return ToolResult(
+        result.tool_call_id,
+        f"A human edited the arguments to {shown} before the call ran. Result: {result.content}",
+        result.is_error,
+    )

@@ -1,0 +1,229 @@
+"""Tools: what the model may call, how its arguments are checked, and how handlers run."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Union
+
+import anyio
+import anyio.to_thread
+import attrs
+import jsonschema_rs
+
+from ._errors import ConfigurationError
+from ._messages import ToolCall, ToolResult
+
+__all__ = ["Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
+
+Handler = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[Any], Any]]
+"""A tool handler: ``async def handler(arguments, context) -> str | JSON value``.
+
+A plain (non-async) function is accepted too; it runs in a worker thread.
+"""
+
+# The names the OpenAI and Anthropic APIs accept; checking here gives the error early.
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@attrs.frozen
+class ToolContext:
+    """What a handler knows about the call it serves.
+
+    Attributes:
+        run_id: The run the call belongs to; stable across interruptions and resumes.
+        tool_call_id: The model's id for this call. It is unique within a run and stays
+            the same when an approved call runs after a resume, so use it as the
+            idempotency key for tools with side effects: a call that ran just before a
+            crash may be run again when its checkpoint is resumed.
+        agent_name: The name of the agent whose tool this is.
+        metadata: The ``metadata`` given to ``run()``; read-only.
+        tool_name: The name of the tool being called.
+    """
+
+    run_id: str
+    tool_call_id: str
+    agent_name: str
+    metadata: Mapping[str, Any]
+    tool_name: str
+
+
+@attrs.frozen
+class ToolDefinition:
+    """What the model is told about a tool: its name, description and argument schema.
+    Never the handler.
+    """
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):  # type: ignore[redundant-expr]
+        raise ConfigurationError(
+            f"Tool name {name!r} is not usable: use 1 to 64 letters, digits, '_' or '-'."
+        )
+
+
+def _check_handler(instance: ToolSpec, _: attrs.Attribute[Handler], handler: Handler) -> None:
+    if not callable(handler):
+        raise ConfigurationError(
+            f"Tool {instance.name!r} needs a callable handler, got {type(handler).__name__}: "
+            "pass `async def handler(arguments, context)`."
+        )
+
+
+def _compile(schema: Mapping[str, Any], name: str) -> Any:
+    if not isinstance(schema, Mapping):
+        raise ConfigurationError(
+            f"Tool {name!r}: input_schema must be a JSON Schema object (a dict), "
+            f"got {type(schema).__name__}."
+        )
+    try:
+        return jsonschema_rs.validator_for(dict(schema))
+    except (jsonschema_rs.ValidationError, ValueError) as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigurationError(
+            f"Tool {name!r}: input_schema is not a valid JSON Schema: {first}. "
+            "Fix the schema; it is checked once, when the ToolSpec is built."
+        ) from exc
+
+
+def _is_async(handler: Handler) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - callable objects
+    return inspect.iscoroutinefunction(call)
+
+
+@attrs.frozen
+class ToolSpec:
+    """A tool the agent may call: its definition for the model plus the handler that
+    does the work.
+
+    The schema is checked and compiled when the spec is built, so a bad schema fails
+    here, at import time, rather than in the middle of a run.
+
+    Args:
+        name: The name the model calls the tool by (letters, digits, ``_``, ``-``).
+        description: What the tool does, for the model.
+        input_schema: A JSON Schema the arguments must satisfy.
+        handler: ``async def handler(arguments, context) -> str | JSON value``. It gets
+            the validated arguments and a :class:`ToolContext`. A ``str`` goes to the
+            model as is; any other JSON value is sent as JSON text. A plain function runs
+            in a worker thread (it cannot be interrupted there: on cancellation or
+            timeout Runlet stops waiting for it, but the thread finishes on its own).
+        requires_approval: Stop the run for a human to approve or reject each call
+            before the handler runs.
+        timeout: Seconds a call may take; a slower call is cancelled and the model gets
+            an error result saying so. ``None`` (the default) means no limit.
+
+    Raises:
+        ConfigurationError: The name, schema, handler or timeout is unusable.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    description: str
+    input_schema: Mapping[str, Any]
+    handler: Handler = attrs.field(validator=_check_handler)
+    requires_approval: bool = False
+    timeout: float | None = attrs.field(default=None, kw_only=True)
+    _validator: Any = attrs.field(init=False, repr=False, eq=False)
+    _is_async: bool = attrs.field(init=False, repr=False, eq=False)
+    _definition: ToolDefinition = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigurationError(
+                f"Tool {self.name!r}: timeout must be a positive number of seconds or None, "
+                f"not {self.timeout!r}."
+            )
+        set_ = object.__setattr__
+        set_(self, "_validator", _compile(self.input_schema, self.name))
+        set_(self, "_is_async", _is_async(self.handler))
+        set_(
+            self,
+            "_definition",
+            ToolDefinition(self.name, self.description, self.input_schema),
+        )
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """The :class:`ToolDefinition` the model sees."""
+        return self._definition
+
+    def _check_arguments(self, arguments: object) -> str | None:
+        """Check *arguments* against the schema.
+
+        Returns:
+            ``None`` when they are valid, otherwise a sentence saying what is wrong.
+        """
+        if not isinstance(arguments, dict):
+            if not isinstance(arguments, Mapping):
+                return f"arguments must be a JSON object, got {type(arguments).__name__}"
+            arguments = dict(arguments)
+        try:
+            if self._validator.is_valid(arguments):
+                return None
+            problems = [
+                f"{_where(error.instance_path)}{error.message}"
+                for error in self._validator.iter_errors(arguments)
+            ]
+        except ValueError as exc:  # a value that is not JSON at all
+            return f"arguments are not JSON: {exc}"
+        return "; ".join(problems)
+
+    async def _invoke(self, arguments: Mapping[str, Any], context: ToolContext) -> tuple[str, bool]:
+        """Run the handler and turn what it returns (or raises) into result text.
+
+        Returns ``(content, is_error)``. Cancellation from outside propagates.
+        """
+        try:
+            if self.timeout is None:
+                value = await self._call(arguments, context)
+            else:
+                with anyio.move_on_after(self.timeout) as scope:
+                    value = await self._call(arguments, context)
+                if scope.cancelled_caught:
+                    return (
+                        f"Tool {self.name!r} did not finish within its {self.timeout:g} s "
+                        "timeout and was stopped.",
+                        True,
+                    )
+        except Exception as exc:  # noqa: BLE001 - any failure goes to the model
+            return f"Tool {self.name!r} failed: {type(exc).__name__}: {exc}", True
+        if type(value) is str:
+            return value, False
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False), False
+        except (TypeError, ValueError) as exc:
+            return (
+                f"Tool {self.name!r} returned a {type(value).__name__} that is not JSON: "
+                f"{exc}. Its handler must return a str or a JSON value.",
+                True,
+            )
+
+    async def _call(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
+        if self._is_async:
+            return await self.handler(arguments, context)
+        value = await anyio.to_thread.run_sync(
+            self.handler, arguments, context, abandon_on_cancel=True
+        )
+        if inspect.isawaitable(value):
+            return await value
+        return value
+
+
+def _where(path: Any) -> str:
+    parts = list(path)
+    if not parts:
+        return ""
+    return "at " + "".join(f"[{p!r}]" for p in parts) + ": "
+
+
+def error_result(call: ToolCall, text: str) -> ToolResult:
+    """An error result for *call*."""
+    return ToolResult(call.id, text, True)

@@ -1,0 +1,32 @@
+"""Small helpers with no better home."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
+    """Make the public names of *module_name* say they live there, so reprs, tracebacks
+    and the docs show ``runlet.Agent`` rather than ``runlet._agent.Agent``."""
+    seen: set[int] = set()
+
+    def fix(name: str, obj: Any) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        module = getattr(obj, "__module__", None)
+        if module is None or not module.startswith(module_name + "._"):
+            return
+        try:
+            obj.__module__ = module_name
+        except (AttributeError, TypeError):  # some typing constructs refuse
+            return
+        if isinstance(obj, type):
+            obj.__name__ = name
+            obj.__qualname__ = name
+            for attr_name, attr in obj.__dict__.items():
+                if callable(attr) or isinstance(attr, (classmethod, staticmethod, property)):
+                    fix(attr_name, attr)
+
+    for name in namespace.get("__all__", ()):
+        fix(name, namespace[name])

@@ -1,0 +1,145 @@
+"""The scripted model behind :mod:`runlet.testing`."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Union
+
+from .._errors import ModelError
+from .._messages import Message, ToolCall, Usage
+from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
+
+__all__ = ["ScriptExhaustedError", "ScriptItem", "ScriptedModel", "call"]
+
+_Answer = Union[str, ToolCall, Sequence[ToolCall], Message, ModelResponse]
+ScriptItem = Union[_Answer, Callable[[ModelRequest], Union[_Answer, Awaitable[_Answer]]]]
+"""One scripted answer, or a function of the request that returns one."""
+
+_call_ids = itertools.count(1)
+
+
+def call(
+    name: str, arguments: dict[str, Any] | None = None, /, *, id: str | None = None, **kwargs: Any
+) -> ToolCall:
+    """A :class:`~runlet.ToolCall` for a script: ``call("add", a=1, b=2)`` or
+    ``call("add", {"a": 1, "b": 2}, id="call_7")``. Ids default to ``call_1``,
+    ``call_2``, … (unique within the process)."""
+    args = {**(arguments or {}), **kwargs}
+    return ToolCall(id or f"call_{next(_call_ids)}", name, args)
+
+
+class ScriptExhaustedError(ModelError):
+    """Raised when a :class:`ScriptedModel` is asked for more answers than its script
+    holds."""
+
+
+class ScriptedModel:
+    """A model that answers from a script and records every request it sees.
+
+    Args:
+        script: The answers, one per request, in order; or one function of the request
+            consulted for every request.
+        usage: The usage reported with each answer (default: one request, no tokens).
+        chunk_size: When streamed, text and tool arguments are cut into pieces of this
+            many characters (default: one piece each).
+
+    Attributes:
+        requests: Every :class:`~runlet.ModelRequest` received, in order.
+    """
+
+    def __init__(
+        self,
+        script: Iterable[ScriptItem] | Callable[[ModelRequest], Any],
+        *,
+        usage: Usage = Usage(requests=1),
+        chunk_size: int | None = None,
+    ) -> None:
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError("chunk_size must be a positive number of characters.")
+        self._function: Callable[[ModelRequest], Any] | None = None
+        self._script: list[ScriptItem] = []
+        if callable(script):
+            self._function = script
+        else:
+            self._script = list(script)
+        self._usage = usage
+        self.chunk_size = chunk_size
+        self.requests: list[ModelRequest] = []
+        self._used = 0
+
+    @property
+    def remaining(self) -> int:
+        """Answers left in the script (0 for a function script)."""
+        return len(self._script) - self._used if self._function is None else 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Record *request* and return the next scripted answer.
+
+        Raises:
+            ScriptExhaustedError: The script has no answer left.
+        """
+        self.requests.append(request)
+        if self._function is not None:
+            item: Any = self._function(request)
+        else:
+            if self._used >= len(self._script):
+                raise ScriptExhaustedError(
+                    f"ScriptedModel has no answer left for request {len(self.requests)} "
+                    f"(its script has {len(self._script)}); add more answers to the script."
+                )
+            item = self._script[self._used]
+            self._used += 1
+            if callable(item):
+                item = item(request)
+        if inspect.isawaitable(item):
+            item = await item
+        return self._response(item)
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
+        """Stream the next scripted answer: text deltas, tool-call deltas (arguments cut
+        into ``chunk_size`` pieces), then the complete :class:`~runlet.ModelResponse`."""
+        response = await self.complete(request)
+        yield self._chunks(response)
+
+    async def _chunks(self, response: ModelResponse) -> AsyncIterator[ModelStreamItem]:
+        message = response.message
+        for piece in self._cut(message.content):
+            yield TextDelta(piece)
+        for index, tool_call in enumerate(message.tool_calls):
+            text = json.dumps(dict(tool_call.arguments))
+            for number, piece in enumerate(self._cut(text)):
+                first = number == 0
+                yield ToolCallDelta(
+                    index,
+                    tool_call.id if first else None,
+                    tool_call.name if first else None,
+                    piece,
+                )
+        yield response
+
+    def _cut(self, text: str) -> list[str]:
+        if not text:
+            return []
+        size = self.chunk_size or len(text)
+        return [text[i : i + size] for i in range(0, len(text), size)]
+
+    def _response(self, item: Any) -> ModelResponse:
+        if isinstance(item, ModelResponse):
+            return item
+        if isinstance(item, Message):
+            return ModelResponse(item, self._usage)
+        if isinstance(item, str):
+            return ModelResponse(Message("assistant", item), self._usage)
+        if isinstance(item, ToolCall):
+            return ModelResponse(Message("assistant", "", (item,)), self._usage)
+        if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
+            return ModelResponse(Message("assistant", "", tuple(item)), self._usage)
+        raise TypeError(
+            f"A ScriptedModel answer must be a str, ToolCall, list of ToolCall, Message or "
+            f"ModelResponse, not {type(item).__name__}."
+        )
