@@ -5,8 +5,6 @@ reject a tool call, pick an option, type an answer), saves a checkpoint, and res
 same run later, in the same process or another one.
 """
 
-from __future__ import annotations
-
 from ._agent import Agent as Agent
 from ._checkpoint import CHECKPOINT_VERSION as CHECKPOINT_VERSION
 from ._checkpoint import Checkpoint as Checkpoint

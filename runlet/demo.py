@@ -1,0 +1,212 @@
+"""An agent run that stops for a person, offline: ``python -m runlet.demo``.
+
+A support agent first asks the customer how they want their refund (an ``ask_human``
+choice), then calls an approval-gated ``refund`` tool. In a terminal you approve, reject
+or edit the call; with ``--yes`` (or without a terminal) the demo answers by itself.
+Between the interruption and the resume, the checkpoint makes a JSON round trip, as it
+would on its way to a database.
+
+Options::
+
+    --backend {asyncio,trio}   the event loop (default asyncio)
+    --yes                      approve and pick the first option without asking
+    --provider {scripted,openai,anthropic}
+                               the model: a built-in script (default, no key needed) or a
+                               real API (reads OPENAI_API_KEY / ANTHROPIC_API_KEY)
+    --model NAME               the provider's model name
+    --base-url URL             an OpenAI-compatible server, e.g. http://127.0.0.1:11434/v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from . import (
+    Agent,
+    HumanRequest,
+    HumanResponse,
+    InMemoryCheckpointStore,
+    Message,
+    Model,
+    ModelRequest,
+    Runtime,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    ask_human,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from .testing import ScriptedModel
+
+INSTRUCTIONS = (
+    "You are a support agent. Before refunding, ask the customer how they want the "
+    "money back (ask_human with kind='choice', options 'card' and 'credit'), then call "
+    "refund with the order id and that method. Finish with one short sentence."
+)
+
+
+async def refund(arguments: Mapping[str, Any], context: ToolContext) -> dict[str, Any]:
+    """Pretend to refund an order. A real tool would use context.tool_call_id as the
+    idempotency key of the payment API call."""
+    return {"refunded": arguments["order_id"], "method": arguments["method"], "status": "ok"}
+
+
+REFUND = ToolSpec(
+    name="refund",
+    description="Refund an order to the card or as store credit.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string"},
+            "method": {"enum": ["card", "credit"]},
+        },
+        "required": ["order_id", "method"],
+        "additionalProperties": False,
+    },
+    handler=refund,
+    requires_approval=True,
+)
+
+
+def scripted_support(request: ModelRequest) -> Message:
+    """What a model would do here, as a pure function of the transcript."""
+    last = request.messages[-1]
+    if last.tool_result is None:
+        question = ToolCall(
+            "call_ask",
+            "ask_human",
+            {
+                "kind": "choice",
+                "prompt": "How would you like your refund for order 123?",
+                "options": [
+                    {"id": "card", "label": "Back to my card", "description": "3-5 days"},
+                    {"id": "credit", "label": "Store credit", "description": "instant"},
+                ],
+            },
+        )
+        return Message.assistant("Let me check how you want the refund.", [question])
+    if last.tool_result.tool_call_id == "call_ask":
+        method = json.loads(last.content)["selected"]
+        call = ToolCall("call_refund", "refund", {"order_id": "123", "method": method})
+        return Message.assistant("", [call])
+    if last.tool_result.is_error:
+        return Message.assistant("Understood: I did not issue the refund.")
+    done = json.loads(last.content.rsplit("Result: ", 1)[-1])
+    return Message.assistant(f"Done: order {done['refunded']} refunded as {done['method']}.")
+
+
+Ask = Callable[[str], Awaitable[str]]
+
+
+async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
+    """Answer *request*: by asking in the terminal, or by itself when *ask* is None."""
+    if request.kind == "choice":
+        for number, option in enumerate(request.options, 1):
+            print(f"  {number}. {option.label} ({option.description or option.id})")
+        picked = request.options[0]
+        if ask is not None:
+            answer = (await ask(f"Pick 1-{len(request.options)} [1]: ")).strip() or "1"
+            picked = request.options[int(answer) - 1]
+        print(f"  -> {picked.label}")
+        return HumanResponse(request.id, "select", value=picked.id)
+    if request.kind == "input":
+        text = await ask("Your answer: ") if ask is not None else "yes"
+        return HumanResponse(request.id, "submit", value=text)
+    if ask is None:
+        print("  -> approved (--yes)")
+        return HumanResponse(request.id, "approve")
+    answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower() or "a"
+    if answer.startswith("r"):
+        return HumanResponse(request.id, "reject")
+    if answer.startswith("e"):
+        edited = dict(request.tool_call.arguments)
+        edited["order_id"] = (await ask(f"New order id [{edited['order_id']}]: ")) or edited[
+            "order_id"
+        ]
+        return HumanResponse(request.id, "approve", edited_arguments=edited)
+    return HumanResponse(request.id, "approve")
+
+
+def make_model(args: argparse.Namespace) -> Model:
+    """The model the demo talks to."""
+    if args.provider == "openai":
+        from .providers.openai import OpenAIChatModel
+
+        return OpenAIChatModel(args.model or "gpt-4o-mini", base_url=args.base_url)
+    if args.provider == "anthropic":
+        from .providers.anthropic import AnthropicModel
+
+        return AnthropicModel(args.model or "claude-sonnet-4-5", base_url=args.base_url)
+    return ScriptedModel(scripted_support)
+
+
+async def demo(model: Model, ask: Ask | None) -> str:
+    """Run the support agent to the end, answering each interruption; return its
+    final output."""
+    store = InMemoryCheckpointStore()
+    runtime = Runtime(checkpoint_store=store)
+    agent = Agent("support", INSTRUCTIONS, model, (ask_human(), REFUND))
+    print("user: Please refund order 123.")
+    result = await runtime.run(agent, "Please refund order 123.")
+    while result.status == "interrupted":
+        request = result.interruption
+        assert request is not None
+        assert result.checkpoint_id is not None
+        print(f"[interrupted: {request.kind}] {request.prompt}")
+        # The checkpoint as a durable store would keep it: plain JSON.
+        saved = json.dumps(unstructure_checkpoint(await store.load(result.checkpoint_id)))
+        print(f"  (checkpoint {result.checkpoint_id}: {len(saved)} bytes of JSON)")
+        await store.save(structure_checkpoint(json.loads(saved)))
+        response = await decide(request, ask)
+        result = await runtime.resume(agent, checkpoint_id=result.checkpoint_id, response=response)
+    for message in result.transcript:
+        if message.tool_result is not None:
+            print(f"  tool {message.tool_result.tool_call_id}: {message.content}")
+    print(f"agent: {result.output}")
+    print(f"({result.usage.requests} model requests, run {result.run_id})")
+    return result.output or ""
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m runlet.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--yes", action="store_true", help="answer without asking")
+    parser.add_argument(
+        "--provider", choices=("scripted", "openai", "anthropic"), default="scripted"
+    )
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--base-url", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m runlet.demo``."""
+    args = parse(argv)
+    interactive = not args.yes and sys.stdin.isatty()
+
+    async def ask(prompt: str) -> str:
+        # input() blocks, so it waits in a worker thread while the event loop goes on.
+        return await anyio.to_thread.run_sync(input, prompt)
+
+    async def go() -> None:
+        await demo(make_model(args), ask if interactive else None)
+
+    print(f"Runlet demo on {args.backend}, model: {args.provider}")
+    anyio.run(go, backend=args.backend)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
