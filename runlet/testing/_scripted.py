@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Union
 
 from .._errors import ModelError
@@ -104,9 +104,12 @@ class ScriptedModel:
         """Stream the next scripted answer: text deltas, tool-call deltas (arguments cut
         into ``chunk_size`` pieces), then the complete :class:`~runlet.ModelResponse`."""
         response = await self.complete(request)
-        yield self._chunks(response)
+        # Closed here, not by the garbage collector, so a stream left early (a break,
+        # an error, a cancellation) leaves no suspended generator behind.
+        async with aclosing(self._chunks(response)) as chunks:
+            yield chunks
 
-    async def _chunks(self, response: ModelResponse) -> AsyncIterator[ModelStreamItem]:
+    async def _chunks(self, response: ModelResponse) -> AsyncGenerator[ModelStreamItem, None]:
         message = response.message
         for piece in self._cut(message.content):
             yield TextDelta(piece)
