@@ -1,0 +1,589 @@
+"""Checkpoints: what they hold, when they are saved, their JSON form (with a version-1
+golden file), and resuming one in "another process"."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import checkpoints, json_objects, json_values, not_json, texts, transcripts
+
+import runlet
+from runlet import (
+    CHECKPOINT_VERSION,
+    Agent,
+    Checkpoint,
+    CheckpointSerializationError,
+    HumanOption,
+    HumanRequest,
+    HumanResponse,
+    InMemoryCheckpointStore,
+    Message,
+    Runtime,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    ask_human,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from runlet.testing import ScriptedModel, call
+
+pytestmark = pytest.mark.anyio
+
+GOLDEN = Path(__file__).parent / "data" / "checkpoint-v1.json"
+
+ORDER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["order_id"],
+    "properties": {"order_id": {"type": "string"}},
+    "additionalProperties": False,
+}
+
+
+class Tools:
+    """Fresh handler objects, as a new process would build them."""
+
+    def __init__(self) -> None:
+        self.refunds: list[dict[str, Any]] = []
+        self.lookups: list[dict[str, Any]] = []
+
+    async def lookup(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
+        self.lookups.append(dict(arguments))
+        return {"order_id": arguments["order_id"], "total": 42.5, "currency": "EUR"}
+
+    async def refund(self, arguments: Mapping[str, Any], context: ToolContext) -> str:
+        self.refunds.append(dict(arguments))
+        return f"Refunded order {arguments['order_id']}."
+
+    def agent(self, model: runlet.Model) -> Agent:
+        return Agent(
+            "support",
+            "Refund only after approval.",
+            model,
+            (
+                ToolSpec("lookup", "Look up an order.", ORDER_SCHEMA, self.lookup),
+                ToolSpec(
+                    "refund", "Refund an order.", ORDER_SCHEMA, self.refund, requires_approval=True
+                ),
+                ask_human(),
+            ),
+        )
+
+
+def roundtrip(checkpoint: Checkpoint) -> Checkpoint:
+    """What a durable store does: to JSON text and back."""
+    return structure_checkpoint(json.loads(json.dumps(unstructure_checkpoint(checkpoint))))
+
+
+def is_plain_json(value: object) -> bool:
+    if value is None or type(value) in (str, int, float, bool):
+        return True
+    if type(value) is list:
+        return all(is_plain_json(item) for item in value)
+    if type(value) is dict:
+        return all(type(k) is str and is_plain_json(v) for k, v in value.items())
+    return False
+
+
+async def interrupted_run(
+    store: runlet.CheckpointStore, **run_kwargs: Any
+) -> tuple[runlet.RunResult, Checkpoint]:
+    tools = Tools()
+    model = ScriptedModel(
+        [call("lookup", id="c1", order_id="9"), call("refund", id="c2", order_id="9"), "Ok."],
+        usage=Usage(input_tokens=7, output_tokens=3, requests=1),
+    )
+    result = await Runtime(checkpoint_store=store).run(
+        tools.agent(model), [Message.system("Be careful."), Message.user("Refund 9.")], **run_kwargs
+    )
+    assert result.checkpoint_id is not None
+    return result, await store.load(result.checkpoint_id)
+
+
+# --- What a checkpoint holds -------------------------------------------------------------
+
+
+async def test_checkpoint_holds_the_whole_suspended_run() -> None:
+    store = InMemoryCheckpointStore()
+    options = {"temperature": 0.5}
+    metadata = {"tenant": "acme", "user": {"id": 7}}
+    result, checkpoint = await interrupted_run(store, options=options, metadata=metadata)
+
+    assert result.interruption is not None
+    assert result.checkpoint_id == checkpoint.id
+    assert CHECKPOINT_VERSION == checkpoint.version == 1
+    assert result.run_id == checkpoint.run_id
+    assert "support" == checkpoint.agent_name
+    assert (Message.system("Be careful."), Message.user("Refund 9.")) == checkpoint.messages
+    assert options == checkpoint.options
+    assert metadata == checkpoint.metadata
+    assert result.transcript == checkpoint.transcript
+    assert ["system", "user", "assistant", "tool", "assistant"] == [
+        m.role for m in checkpoint.transcript
+    ]
+    assert (ToolCall("c2", "refund", {"order_id": "9"}),) == checkpoint.pending_tool_calls
+    assert () == checkpoint.results
+    assert result.interruption == checkpoint.request
+    assert Usage(input_tokens=14, output_tokens=6, requests=2) == checkpoint.usage
+    assert 2 == checkpoint.turns
+
+
+async def test_checkpoint_data_holds_no_callables_and_is_plain_json() -> None:
+    _, checkpoint = await interrupted_run(InMemoryCheckpointStore(), metadata={"a": [1, 2.5]})
+
+    data = unstructure_checkpoint(checkpoint)
+
+    assert is_plain_json(data)
+    assert data == json.loads(json.dumps(data))
+    assert 1 == data["version"]
+    assert "handler" not in json.dumps(data)
+
+
+async def test_checkpoint_is_saved_before_the_interruption_is_reported() -> None:
+    log: list[tuple[str, str]] = []
+
+    class RecordingStore(InMemoryCheckpointStore):
+        async def save(self, checkpoint: Checkpoint) -> None:
+            log.append(("save", checkpoint.id))
+            await super().save(checkpoint)
+
+        async def delete(self, checkpoint_id: str) -> None:
+            log.append(("delete", checkpoint_id))
+            await super().delete(checkpoint_id)
+
+    store = RecordingStore()
+    tools = Tools()
+    calls = [call("refund", id="c1", order_id="1"), call("refund", id="c2", order_id="2")]
+    rt = Runtime(checkpoint_store=store)
+    agent = tools.agent(ScriptedModel([calls, "Ok."]))
+
+    async with rt.stream(agent, "Refund 1 and 2.") as stream:
+        async for event in stream:
+            if isinstance(event, runlet.Interrupted):
+                assert event.checkpoint_id in store
+                log.append(("reported", event.checkpoint_id))
+    first = stream.result
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    assert [("save", first.checkpoint_id), ("reported", first.checkpoint_id)] == log
+
+    second = await rt.resume(
+        agent,
+        checkpoint_id=first.checkpoint_id,
+        response=HumanResponse(first.interruption.id, "approve"),
+    )
+    # The new checkpoint is saved before the old one is retired, as the last step.
+    assert second.checkpoint_id is not None
+    assert ("save", second.checkpoint_id) == log[2]
+    assert [("delete", first.checkpoint_id)] == log[3:]
+
+
+async def test_a_failing_save_reports_no_interruption() -> None:
+    class BrokenStore(InMemoryCheckpointStore):
+        async def save(self, checkpoint: Checkpoint) -> None:
+            raise OSError("disk full")
+
+    tools = Tools()
+    agent = tools.agent(ScriptedModel([call("refund", id="c1", order_id="1")]))
+    events: list[runlet.StreamEvent] = []
+
+    with pytest.raises(OSError, match="disk full"):
+        async with Runtime(checkpoint_store=BrokenStore()).stream(agent, "Refund 1.") as stream:
+            events.extend([event async for event in stream])
+
+    assert [] == [e for e in events if isinstance(e, runlet.Interrupted)]
+    assert [] == tools.refunds
+
+
+# --- The JSON form -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("run_kwargs", "path"),
+    [
+        ({"metadata": {"when": datetime.datetime(2024, 1, 2)}}, "metadata['when']"),
+        ({"metadata": {"a": [1, {"b": {1, 2}}]}}, "metadata['a'][1]['b']"),
+        ({"metadata": {"x": float("nan")}}, "metadata['x']"),
+        ({"metadata": {"x": [float("-inf")]}}, "metadata['x'][0]"),
+        ({"metadata": {1: "one"}}, "metadata"),
+        ({"options": {"stop": b"\n"}}, "options['stop']"),
+        ({"options": {"t": decimal.Decimal("0.1")}}, "options['t']"),
+    ],
+    ids=["datetime", "nested-set", "nan", "inf", "int-key", "bytes", "decimal"],
+)
+async def test_non_json_metadata_or_options_are_refused_naming_the_path(
+    run_kwargs: dict[str, Any], path: str
+) -> None:
+    # The in-memory store holds any value; only the JSON form refuses.
+    result, checkpoint = await interrupted_run(InMemoryCheckpointStore(), **run_kwargs)
+    assert "interrupted" == result.status
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(checkpoint)
+
+    assert path == info.value.path
+    assert str(info.value).startswith(path)
+    assert isinstance(info.value, runlet.RunletError)
+
+
+def test_non_json_tool_arguments_are_refused_naming_the_path() -> None:
+    checkpoint = structure_checkpoint(json.loads(GOLDEN.read_text()))
+    bad = ToolCall("c9", "refund", {"order_id": datetime.date(2024, 1, 1)})
+    last = checkpoint.transcript[-1]
+    transcript = (*checkpoint.transcript[:-1], Message.assistant("", (*last.tool_calls, bad)))
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(attrs.evolve(checkpoint, transcript=transcript))
+    assert "transcript[4].tool_calls[3].arguments['order_id']" == info.value.path
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(attrs.evolve(checkpoint, pending_tool_calls=(bad,)))
+    assert "pending_tool_calls[0].arguments['order_id']" == info.value.path
+
+
+def test_unstructure_refuses_something_that_is_not_a_checkpoint() -> None:
+    with pytest.raises(CheckpointSerializationError, match="needs a Checkpoint, got dict"):
+        unstructure_checkpoint({"id": "cp"})  # type: ignore[arg-type]
+
+
+def _golden() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(GOLDEN.read_text())
+    return data
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def mutate(data: dict[str, Any]) -> None:
+        target: Any = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return mutate
+
+
+def _drop(key: str) -> Callable[[dict[str, Any]], None]:
+    return lambda data: data.pop(key) and None
+
+
+MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str]] = [
+    ("no-version", _drop("version"), "version", "has no 'version' field"),
+    ("version-2", _set(("version",), 2), "version", "version 2 is not supported"),
+    ("version-0", _set(("version",), 0), "version", "version 0 is not supported"),
+    ("version-str", _set(("version",), "1"), "version", "version '1' is not supported"),
+    ("version-bool", _set(("version",), True), "version", "version True is not supported"),
+    ("no-request", _drop("request"), "checkpoint.request", "required field missing"),
+    ("extra-key", _set(("extra",), 1), "checkpoint", "extra fields found (extra)"),
+    (
+        "bad-role",
+        _set(("transcript", 0, "role"), "robot"),
+        "checkpoint.transcript[0].role",
+        "robot",
+    ),
+    ("bad-kind", _set(("request", "kind"), "vote"), "checkpoint.request.kind", "vote"),
+    ("metadata-list", _set(("metadata",), [1]), "checkpoint.metadata", "expected"),
+    ("options-str", _set(("options",), "x"), "checkpoint.options", "expected"),
+    (
+        "arguments-list",
+        _set(("pending_tool_calls", 0, "arguments"), ["123"]),
+        "checkpoint.pending_tool_calls[0].arguments",
+        "expected",
+    ),
+    ("transcript-str", _set(("transcript",), "nope"), "checkpoint.transcript[0]", "not a valid"),
+    ("turns-null", _set(("turns",), None), "checkpoint.turns", "int"),
+    # Values of the wrong type are refused, never silently converted.
+    (
+        "content-null",
+        _set(("messages", 0, "content"), None),
+        "checkpoint.messages[0].content",
+        "str",
+    ),
+    ("id-int", _set(("id",), 5), "checkpoint.id", "str"),
+    (
+        "call-id-list",
+        _set(("request", "tool_call", "id"), ["a"]),
+        "checkpoint.request.tool_call.id",
+        "str",
+    ),
+    (
+        "is-error-str",
+        _set(("results", 0, "is_error"), "false"),
+        "checkpoint.results[0].is_error",
+        "bool",
+    ),
+    ("tokens-float", _set(("usage", "input_tokens"), 1.5), "checkpoint.usage.input_tokens", "int"),
+    ("tokens-bool", _set(("usage", "requests"), True), "checkpoint.usage.requests", "int"),
+    ("turns-str", _set(("turns",), "2"), "checkpoint.turns", "int"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"),
+    [case[1:] for case in MALFORMED],
+    ids=[case[0] for case in MALFORMED],
+)
+def test_malformed_or_unknown_version_data_is_refused(
+    mutate: Callable[[dict[str, Any]], None], path: str | None, message: str
+) -> None:
+    data = _golden()
+    mutate(data)
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(data)
+
+    assert path == info.value.path
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("data", [[1], "cp", None], ids=["list", "str", "none"])
+def test_structure_refuses_something_that_is_not_a_mapping(data: Any) -> None:
+    with pytest.raises(CheckpointSerializationError, match="needs a dict") as info:
+        structure_checkpoint(data)
+    assert info.value.path is None
+
+
+# --- The version-1 golden file -----------------------------------------------------------
+
+
+def test_golden_v1_checkpoint_keeps_loading_unchanged() -> None:
+    data = _golden()
+
+    checkpoint = structure_checkpoint(data)
+
+    assert ("cp_golden", 1, "run_golden", "support") == (
+        checkpoint.id,
+        checkpoint.version,
+        checkpoint.run_id,
+        checkpoint.agent_name,
+    )
+    assert {"temperature": 0.2, "stop": ["\n\n"]} == checkpoint.options
+    assert {"tenant": "acme", "user": {"id": 7, "roles": ["agent", "admin"]}, "trace": None} == (
+        checkpoint.metadata
+    )
+    assert (
+        HumanRequest(
+            "req_golden",
+            "approval",
+            'Allow refund with {"order_id": "123"}?',
+            tool_call=ToolCall("call_refund", "refund", {"order_id": "123"}),
+        )
+        == checkpoint.request
+    )
+    assert ["call_refund", "call_ask"] == [c.id for c in checkpoint.pending_tool_calls]
+    assert (ToolResult("call_notify", checkpoint.results[0].content, is_error=True),) == (
+        checkpoint.results
+    )
+    assert Usage(input_tokens=240, output_tokens=60, requests=2) == checkpoint.usage
+    assert 2 == checkpoint.turns
+    # Writing it again gives the same document, so the format has not drifted.
+    assert data == unstructure_checkpoint(checkpoint)
+
+
+async def test_golden_v1_checkpoint_can_be_resumed() -> None:
+    store = InMemoryCheckpointStore()
+    await store.save(structure_checkpoint(_golden()))
+    tools = Tools()
+    model = ScriptedModel(["Refunded; we will email the customer."])
+    agent = tools.agent(model)
+    rt = Runtime(checkpoint_store=store)
+
+    second = await rt.resume(
+        agent, checkpoint_id="cp_golden", response=HumanResponse("req_golden", "approve")
+    )
+    assert second.interruption is not None
+    assert second.checkpoint_id is not None
+    assert "run_golden" == second.run_id
+    assert ("choice", "call_ask") == (second.interruption.kind, second.interruption.tool_call.id)
+    assert (
+        HumanOption("email", "Email"),
+        HumanOption("sms", "Text message", "Only if they opted in"),
+    ) == second.interruption.options
+    assert "cp_golden" not in store
+
+    result = await rt.resume(
+        agent,
+        checkpoint_id=second.checkpoint_id,
+        response=HumanResponse(second.interruption.id, "select", value="email"),
+    )
+
+    assert ("completed", "Refunded; we will email the customer.") == (result.status, result.output)
+    assert [{"order_id": "123"}] == tools.refunds
+    assert [] == tools.lookups
+    [request] = model.requests
+    assert {"temperature": 0.2, "stop": ["\n\n"]} == request.options
+    assert ["call_refund", "call_ask", "call_notify"] == [
+        m.tool_result.tool_call_id for m in request.messages[-3:] if m.tool_result
+    ]
+    assert "Refunded order 123." == request.messages[-3].content
+    assert '{"selected": "email", "label": "Email"}' == request.messages[-2].content
+    assert Usage(input_tokens=240, output_tokens=60, requests=3) == result.usage
+    assert 0 == len(store)
+
+
+# --- Resume in another process -----------------------------------------------------------
+
+
+async def test_resume_in_another_process_from_json_text() -> None:
+    # Process A: run until the refund needs approval, then write the checkpoint as JSON.
+    tools_a = Tools()
+    store_a = InMemoryCheckpointStore()
+    model_a = ScriptedModel([call("refund", id="c1", order_id="5")])
+    first = await Runtime(checkpoint_store=store_a).run(
+        tools_a.agent(model_a), "Refund 5.", metadata={"tenant": "acme"}
+    )
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    text = json.dumps(unstructure_checkpoint(await store_a.load(first.checkpoint_id)))
+    request_id, checkpoint_id = first.interruption.id, first.checkpoint_id
+    del store_a, first
+
+    # Process B: only the text and the two ids survive; everything else is new.
+    store_b = InMemoryCheckpointStore()
+    await store_b.save(structure_checkpoint(json.loads(text)))
+    tools_b = Tools()
+    contexts: list[ToolContext] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        contexts.append(context)
+        return await tools_b.refund(arguments, context)
+
+    model_b = ScriptedModel(["Done."])
+    agent_b = Agent(
+        "support",
+        "Refund only after approval.",
+        model_b,
+        (ToolSpec("refund", "Refund.", ORDER_SCHEMA, refund, requires_approval=True),),
+    )
+
+    result = await Runtime(checkpoint_store=store_b).resume(
+        agent_b, checkpoint_id=checkpoint_id, response=HumanResponse(request_id, "approve")
+    )
+
+    assert ("completed", "Done.") == (result.status, result.output)
+    assert [] == tools_a.refunds
+    assert [{"order_id": "5"}] == tools_b.refunds
+    assert {"tenant": "acme"} == dict(contexts[0].metadata)
+    assert ("c1", "support") == (contexts[0].tool_call_id, contexts[0].agent_name)
+    assert ["user", "assistant", "tool"] == [m.role for m in model_b.requests[0].messages]
+    assert 0 == len(store_b)
+
+
+async def test_a_store_that_keeps_only_json_text_works_end_to_end() -> None:
+    class JsonStore:
+        """A durable-store stand-in: it keeps JSON text and nothing else."""
+
+        def __init__(self, rows: dict[str, str]) -> None:
+            self.rows = rows
+
+        async def save(self, checkpoint: Checkpoint) -> None:
+            self.rows[checkpoint.id] = json.dumps(unstructure_checkpoint(checkpoint))
+
+        async def load(self, checkpoint_id: str) -> Checkpoint:
+            try:
+                return structure_checkpoint(json.loads(self.rows[checkpoint_id]))
+            except KeyError:
+                raise runlet.CheckpointNotFoundError(
+                    "missing", checkpoint_id=checkpoint_id
+                ) from None
+
+        async def delete(self, checkpoint_id: str) -> None:
+            self.rows.pop(checkpoint_id, None)
+
+    rows: dict[str, str] = {}
+    assert isinstance(JsonStore(rows), runlet.CheckpointStore)
+    assert not isinstance(JsonStore(rows), runlet.ClaimingCheckpointStore)
+    model_a = ScriptedModel([call("ask_human", id="c1", kind="input", prompt="Which order?")])
+    first = await Runtime(checkpoint_store=JsonStore(rows)).run(
+        Tools().agent(model_a), "Refund my order.", options={"seed": 1}
+    )
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    assert [first.checkpoint_id] == list(rows)
+
+    tools_b = Tools()
+    model_b = ScriptedModel([call("lookup", id="c2", order_id="77"), "Order 77 costs 42.5 EUR."])
+    result = await Runtime(checkpoint_store=JsonStore(dict(rows))).resume(
+        tools_b.agent(model_b),
+        checkpoint_id=first.checkpoint_id,
+        response=HumanResponse(first.interruption.id, "submit", value="77"),
+    )
+
+    assert "Order 77 costs 42.5 EUR." == result.output
+    assert [{"order_id": "77"}] == tools_b.lookups
+    assert '{"answer": "77"}' == model_b.requests[0].messages[-1].content
+    assert {"seed": 1} == model_b.requests[0].options
+
+
+# --- Property-based round trips ----------------------------------------------------------
+
+
+@given(checkpoints())
+def test_any_checkpoint_round_trips_through_json(checkpoint: Checkpoint) -> None:
+    assert checkpoint == roundtrip(checkpoint)
+
+
+@given(json_objects, json_objects)
+def test_any_json_metadata_and_options_round_trip(
+    metadata: dict[str, Any], options: dict[str, Any]
+) -> None:
+    checkpoint = structure_checkpoint(_golden())
+    changed = attrs.evolve(checkpoint, metadata=metadata, options=options)
+
+    again = roundtrip(changed)
+
+    assert metadata == again.metadata
+    assert options == again.options
+
+
+@given(transcripts, transcripts)
+def test_any_transcript_round_trips(
+    transcript: tuple[Message, ...], messages: tuple[Message, ...]
+) -> None:
+    checkpoint = structure_checkpoint(_golden())
+    changed = attrs.evolve(checkpoint, transcript=transcript, messages=messages)
+
+    again = roundtrip(changed)
+
+    assert transcript == again.transcript
+    assert messages == again.messages
+
+
+@st.composite
+def buried(draw: st.DrawFn) -> tuple[Any, str]:
+    """A JSON value with one non-JSON value somewhere inside, and that value's path."""
+    value, suffix = draw(not_json), ""
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        if draw(st.booleans()):
+            before = draw(st.lists(json_values, max_size=2))
+            after = draw(st.lists(json_values, max_size=2))
+            value, suffix = [*before, value, *after], f"[{len(before)}]{suffix}"
+        else:
+            key = draw(texts)
+            others = {k: v for k, v in draw(json_objects).items() if k != key}
+            value, suffix = {**others, key: value}, f"[{key!r}]{suffix}"
+    return value, suffix
+
+
+@given(st.sampled_from(["metadata", "options"]), texts, buried())
+def test_a_non_json_value_anywhere_is_refused_with_its_path(
+    field: str, key: str, bad: tuple[Any, str]
+) -> None:
+    value, suffix = bad
+    changes: dict[str, Any] = {field: {key: value}}
+    checkpoint = structure_checkpoint(_golden())
+    changed = attrs.evolve(checkpoint, **changes)
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(changed)
+
+    assert f"{field}[{key!r}]{suffix}" == info.value.path
