@@ -1,0 +1,543 @@
+"""What the HTTP adapters share: client ownership, retries, server-sent events, errors.
+
+An adapter subclasses :class:`HTTPModel` and supplies three things: how a
+:class:`~runlet.ModelRequest` becomes a request body, how an answer becomes a
+:class:`~runlet.ModelResponse`, and a :class:`StreamAssembler` that turns server-sent
+events into stream items. Everything about the wire that is not specific to one API
+lives here, once.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from contextlib import aclosing, asynccontextmanager, contextmanager
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, cast
+
+import anyio
+import attrs
+
+try:
+    import httpx
+except ImportError as exc:  # see test_import_without_httpx_says_what_to_install
+    raise ImportError(
+        'Runlet\'s HTTP model adapters need httpx. Install it with: pip install "runlet[http]"'
+    ) from exc
+
+from .._errors import (
+    ConfigurationError,
+    ModelAPIError,
+    ModelConnectionError,
+    ModelError,
+    ModelResponseError,
+)
+from .._model import ModelRequest, ModelResponse, ModelStreamItem
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "HTTPModel",
+    "RetryPolicy",
+    "ServerSentEvent",
+    "SSEDecoder",
+    "StreamAssembler",
+    "parse_arguments",
+    "parse_json",
+    "parse_retry_after",
+    "reading",
+]
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a client the adapter creates waits for the server (per connect, read, write).
+Model answers can take minutes, so httpx's own 5-second default would be too short."""
+
+# 408 and 409 are transient by nature (the server timed out, or lost a race); 429 asks
+# us to slow down; any 5xx (including Anthropic's 529 "overloaded") is the server's fault.
+_RETRY_4XX = frozenset({408, 409, 429})
+
+# How long to wait for the rest of a streamed body after its end-of-answer event.
+_TAIL_SECONDS = 1.0
+
+# How much of an unparseable error body goes into an exception message.
+_SNIPPET = 500
+
+
+@attrs.frozen
+class RetryPolicy:
+    """When and how long to wait before trying a failed request again.
+
+    Attributes:
+        max_retries: Retries after the first attempt (0 turns retrying off).
+        base_delay: Seconds; the backoff cap doubles from here with every retry.
+        max_delay: Seconds; the backoff cap never exceeds this.
+        deadline: Seconds from the first attempt after which no retry starts; a wait
+            that would end past it is not begun, and the last error is raised at once.
+    """
+
+    max_retries: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    deadline: float = 60.0
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.max_retries) is not int or self.max_retries < 0:
+            raise ConfigurationError(
+                f"max_retries must be an int of 0 or more, not {self.max_retries!r}."
+            )
+        for name in ("base_delay", "max_delay", "deadline"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds (0 or more), not {value!r}."
+                )
+
+    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float:
+        """Seconds to wait before retry number *retry* (0 for the first retry).
+
+        A server's ``Retry-After`` wins: it knows when it will take requests again, and
+        retrying sooner only earns another 429. Otherwise "full jitter": a uniform draw
+        below an exponentially growing cap, so clients that failed together spread out.
+        """
+        if retry_after is not None:
+            return retry_after
+        cap = min(self.max_delay, self.base_delay * 2.0**retry)
+        return rng.uniform(0.0, cap)
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a response asks for, in seconds, or ``None`` when it asks for none.
+
+    Understands ``Retry-After`` as seconds or as an HTTP date, and the
+    ``retry-after-ms`` header some OpenAI-compatible servers send; the more precise
+    milliseconds header wins when both are present.
+    """
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        seconds = _finite(milliseconds)
+        if seconds is not None:
+            return max(0.0, seconds / 1000.0)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _finite(value)
+    if seconds is None:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # "-0000" means UTC with no zone given
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    return max(0.0, seconds)
+
+
+def _finite(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+@attrs.frozen
+class ServerSentEvent:
+    """One dispatched server-sent event.
+
+    Attributes:
+        event: The ``event:`` field, or ``"message"`` when the server sent none.
+        data: The ``data:`` lines, joined with newlines.
+    """
+
+    event: str
+    data: str
+
+
+class SSEDecoder:
+    """Turns the lines of a ``text/event-stream`` body into events, one line at a time.
+
+    It follows the HTML server-sent events rules that matter for model APIs: ``data``
+    lines accumulate until a blank line dispatches them, a leading space after the colon
+    is dropped, comment lines (starting with ``:``) and ``id``/``retry`` fields are
+    ignored, and an event with no data is not dispatched.
+    """
+
+    __slots__ = ("_data", "_event")
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> ServerSentEvent | None:
+        """Take one line (without its line break); return an event when one is complete."""
+        if not line:
+            if not self._data:
+                self._event = ""
+                return None
+            event = ServerSentEvent(self._event or "message", "\n".join(self._data))
+            self._event = ""
+            self._data = []
+            return event
+        if line.startswith(":"):
+            return None
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        return None
+
+
+class StreamAssembler(Protocol):
+    """Builds one streamed answer from its server-sent events (one per stream)."""
+
+    done: bool
+    """Whether the API signalled the end of the answer; reading stops there."""
+
+    def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
+        """Take one event; return the deltas it carries (possibly none).
+
+        Raises:
+            ModelResponseError: The event is not what the API documents.
+            ModelAPIError: The event reports an error.
+        """
+        ...
+
+    def finish(self) -> ModelResponse:
+        """The complete answer, once the events have run out.
+
+        Raises:
+            ModelResponseError: The stream ended before the answer was complete, or a
+                tool call's arguments are not a JSON object.
+        """
+        ...
+
+
+@contextmanager
+def reading(api: str) -> Iterator[None]:
+    """Turn a surprise while reading an API's answer into a clear
+    :class:`~runlet.ModelResponseError`.
+
+    The adapters index into answers as the API documents them; a server that answers
+    with a different shape (a missing key, a list where an object belongs) must not
+    surface as a bare ``KeyError`` from deep inside an adapter.
+    """
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ModelResponseError(
+            f"The {api} answer does not have the documented shape "
+            f"({type(exc).__name__}: {exc}). Check that the server really implements "
+            f"the {api} API."
+        ) from exc
+
+
+def parse_json(text: str, api: str) -> Any:
+    """Parse JSON text an API sent, or raise :class:`~runlet.ModelResponseError`."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ModelResponseError(
+            f"The {api} answer is not valid JSON ({exc}): {text[:_SNIPPET]!r}"
+        ) from exc
+
+
+def parse_arguments(text: str, tool_name: str, api: str) -> dict[str, Any]:
+    """Parse a tool call's JSON arguments into a dict.
+
+    Empty text means no arguments: some servers send ``""`` for a tool without
+    parameters.
+
+    Raises:
+        ModelResponseError: The text is not JSON, or not a JSON object.
+    """
+    if not text.strip():
+        return {}
+    try:
+        arguments = json.loads(text)
+    except ValueError as exc:
+        raise ModelResponseError(
+            f"The {api} model called tool {tool_name!r} with arguments that are not valid "
+            f"JSON ({exc}): {text[:_SNIPPET]!r}"
+        ) from exc
+    if not isinstance(arguments, dict):
+        raise ModelResponseError(
+            f"The {api} model called tool {tool_name!r} with arguments that are a JSON "
+            f"{type(arguments).__name__}, not an object: {text[:_SNIPPET]!r}"
+        )
+    return arguments
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The API's own words for what went wrong.
+
+    OpenAI and Anthropic put it in ``error.message``; OpenAI-compatible servers vary
+    (``{"error": "..."}`` from Ollama, ``{"message": ...}`` or ``{"detail": ...}`` from
+    others). Anything else is quoted as sent.
+    """
+    text = response.text
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        for candidate in (error, data.get("message"), data.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    return text.strip()[:_SNIPPET] or response.reason_phrase
+
+
+def _api_error(response: httpx.Response, api: str, attempts: int) -> ModelAPIError:
+    status = response.status_code
+    message = _error_message(response)
+    text = f"The {api} API answered {status} {response.reason_phrase}: {message}"
+    if status in (401, 403):
+        text += " Check the API key and that it may use this model."
+    elif status == 404:
+        text += " Check base_url and the model name."
+    if attempts > 1:
+        text += f" (still failing after {attempts} attempts)"
+    return ModelAPIError(text, status_code=status, body=message)
+
+
+def _should_retry(status: int) -> bool:
+    return status >= 500 or status in _RETRY_4XX
+
+
+async def _read_tail(lines: AsyncGenerator[str, None]) -> None:
+    """Read what follows the end-of-answer event, so the connection can be reused.
+
+    The APIs end the body right after it; the time limit only guards against a server
+    that keeps the response open, which then costs a new connection, nothing more.
+    """
+    with anyio.move_on_after(_TAIL_SECONDS):
+        try:
+            async for _ in lines:
+                pass
+        except httpx.TransportError:
+            pass  # the answer is complete; a broken tail changes nothing
+
+
+async def _run_down(lines: AsyncGenerator[str, None]) -> None:
+    """Run httpx's line iterator to its end once its response is closed.
+
+    Closing only our outermost generator would leave the generators httpx and httpcore
+    nest inside it suspended; trio then warns about each when it is garbage collected.
+    Once the response is closed, reading on raises at the bottom of that chain and so
+    finishes every generator in it. The socket is closed, so this never waits; the
+    shield keeps a pending cancellation from interrupting the clean-up, and the
+    cancellation itself still propagates from the caller's ``finally``.
+    """
+    with anyio.CancelScope(shield=True):
+        try:
+            async for _ in lines:
+                pass
+        except (httpx.HTTPError, httpx.StreamError):
+            pass  # the expected end: reading a closed stream
+
+
+_M = TypeVar("_M", bound="HTTPModel")
+
+
+class HTTPModel:
+    """The machinery of an HTTP model adapter: owning (or borrowing) an
+    :class:`httpx.AsyncClient`, posting JSON with retries, and streaming.
+
+    Subclasses set :attr:`api` and implement :meth:`_body`, :meth:`_parse` and
+    :meth:`_assembler`.
+    """
+
+    api = "model"
+    """The API's name, as error messages show it."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        url: str,
+        headers: Mapping[str, str],
+        http_client: httpx.AsyncClient | None,
+        timeout: float | None,
+        retry: RetryPolicy,
+        extra_body: Mapping[str, Any] | None,
+    ) -> None:
+        if not model:
+            raise ConfigurationError(f"model must be a non-empty model name, not {model!r}.")
+        self.model = model
+        self._url = url
+        self._headers = {"content-type": "application/json", **headers}
+        self._given_client = http_client
+        self._own_client: httpx.AsyncClient | None = None
+        self._timeout = timeout
+        self._retry = retry
+        self._extra_body = dict(extra_body or {})
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        # Never the key: reprs end up in logs.
+        return f"{type(self).__name__}(model={self.model!r}, url={self._url!r})"
+
+    # -- client ownership ---------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._given_client is not None:
+            return self._given_client
+        if self._own_client is None:
+            # Created on first use, inside the event loop that will use it, so a model
+            # built at import time holds no sockets; after aclose() the next request
+            # starts a fresh client.
+            self._own_client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout))
+        return self._own_client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client the adapter created, if any. A client passed in as
+        ``http_client`` belongs to the caller and is never closed here."""
+        client, self._own_client = self._own_client, None
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self: _M) -> _M:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- what subclasses supply ---------------------------------------------------------
+
+    def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _parse(self, data: Any) -> ModelResponse:
+        raise NotImplementedError
+
+    def _assembler(self) -> StreamAssembler:
+        raise NotImplementedError
+
+    # -- the model protocol -------------------------------------------------------------
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send *request* and return the model's answer.
+
+        Raises:
+            ModelAPIError: The API refused the request (4xx), or kept failing (429, 5xx)
+                until the retries ran out.
+            ModelConnectionError: The API could not be reached, even after retrying.
+            ModelResponseError: The answer is not what the API documents (bad JSON,
+                tool arguments that are not a JSON object).
+        """
+        response = await self._send(self._encode(request, stream=False), stream=False)
+        return self._parse(parse_json(response.text, self.api))
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
+        """Stream the answer to *request*: use as ``async with model.stream(request) as
+        items: async for item in items: ...``.
+
+        The items are :class:`~runlet.TextDelta` and :class:`~runlet.ToolCallDelta`
+        pieces as they arrive, then one complete :class:`~runlet.ModelResponse` with the
+        usage. Opening the stream is retried like :meth:`complete`; once items have
+        been handed out, a failure is raised rather than retried, since a retry would
+        repeat them. Leaving the block closes the connection.
+
+        Raises:
+            ModelAPIError: As for :meth:`complete`, or an error event in the stream.
+            ModelConnectionError: As for :meth:`complete`, or the stream was cut off.
+            ModelResponseError: As for :meth:`complete`, or the stream ended early.
+        """
+        response = await self._send(self._encode(request, stream=True), stream=True)
+        try:
+            async with aclosing(self._items(response, self._assembler())) as items:
+                yield items
+        finally:
+            await response.aclose()
+
+    async def _items(
+        self, response: httpx.Response, assembler: StreamAssembler
+    ) -> AsyncGenerator[ModelStreamItem, None]:
+        decoder = SSEDecoder()
+        lines = cast(AsyncGenerator[str, None], response.aiter_lines())
+        try:
+            async for line in lines:
+                event = decoder.feed(line)
+                if event is None:
+                    continue
+                for item in assembler.feed(event):
+                    yield item
+                if assembler.done:
+                    await _read_tail(lines)
+                    break
+        except httpx.TransportError as exc:
+            raise ModelConnectionError(
+                f"The {self.api} stream from {self._url} was cut off: "
+                f"{type(exc).__name__}: {exc}. The partial answer was dropped; run again."
+            ) from exc
+        finally:
+            await response.aclose()
+            await _run_down(lines)
+        yield assembler.finish()
+
+    # -- sending with retries -----------------------------------------------------------
+
+    def _encode(self, request: ModelRequest, *, stream: bool) -> bytes:
+        body = {**self._body(request, stream=stream), **self._extra_body}
+        try:
+            return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ModelError(
+                f"The {self.api} request cannot be sent as JSON: {exc}. Keep the values "
+                "in options and extra_body JSON-compatible."
+            ) from exc
+
+    async def _send(self, content: bytes, *, stream: bool) -> httpx.Response:
+        """POST *content*, retrying what may succeed later; return a 2xx response
+        (still open when *stream*)."""
+        client = self._client()
+        policy = self._retry
+        started = anyio.current_time()
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: float | None = None
+            request = client.build_request(
+                "POST", self._url, content=content, headers=self._headers
+            )
+            try:
+                response = await client.send(request, stream=stream)
+                if response.is_success:
+                    return response
+                try:  # the error body holds the API's explanation
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            except httpx.TransportError as exc:
+                failure: ModelError = ModelConnectionError(
+                    f"Could not reach the {self.api} API at {self._url}: "
+                    f"{type(exc).__name__}: {str(exc) or 'no details'}"
+                    + (f" (after {attempt} attempts)." if attempt > 1 else ".")
+                )
+                failure.__cause__ = exc
+            else:
+                failure = _api_error(response, self.api, attempt)
+                if not _should_retry(response.status_code):
+                    raise failure
+                retry_after = parse_retry_after(response.headers)
+            retry = attempt - 1
+            if retry >= policy.max_retries:
+                raise failure
+            delay = policy.delay(retry, retry_after, self._rng)
+            if anyio.current_time() + delay - started > policy.deadline:
+                raise failure
+            await anyio.sleep(delay)

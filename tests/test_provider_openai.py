@@ -1,0 +1,625 @@
+"""OpenAIChatModel against a real HTTP server on 127.0.0.1 that checks the wire format."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import pytest
+from _http_server import ModelServer, Reply, sse
+from _wire import (
+    OPENAI_DONE,
+    check_openai,
+    openai_chunk,
+    openai_completion,
+    openai_stream,
+    openai_usage_chunk,
+)
+
+from runlet import (
+    Agent,
+    HumanResponse,
+    InMemoryCheckpointStore,
+    Message,
+    ModelAPIError,
+    ModelConnectionError,
+    ModelRequest,
+    ModelResponse,
+    ModelResponseError,
+    Runtime,
+    StreamingModel,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolDefinition,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from runlet.providers.openai import OpenAIChatModel
+
+pytestmark = pytest.mark.anyio
+
+WEATHER = ToolDefinition(
+    "weather",
+    "Current weather for a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+
+
+@pytest.fixture
+def server() -> Iterator[ModelServer]:
+    with ModelServer.running(check_openai) as running:
+        yield running
+    assert running.problems == []
+
+
+def make(server: ModelServer, **kwargs: Any) -> OpenAIChatModel:
+    settings: dict[str, Any] = {
+        "api_key": "sk-test",
+        "base_url": server.url + "/v1/",
+        "retry_base_delay": 0.001,
+        "retry_max_delay": 0.005,
+        **kwargs,
+    }
+    return OpenAIChatModel("test-model", **settings)
+
+
+def ask(
+    text: str = "Hi", *, tools: tuple[ToolDefinition, ...] = (), **options: Any
+) -> ModelRequest:
+    return ModelRequest("Be brief.", (Message.user(text),), tools, options)
+
+
+async def collect(model: OpenAIChatModel, request: ModelRequest) -> list[Any]:
+    async with model.stream(request) as items:
+        return [item async for item in items]
+
+
+async def collect_into(seen: list[Any], model: OpenAIChatModel, request: ModelRequest) -> None:
+    async with model.stream(request) as items:
+        async for item in items:
+            seen.append(item)  # noqa: PERF401 - keep what came before an error
+
+
+class TestComplete:
+    async def test_plain_answer(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("Hello!", usage=(12, 3))))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response == ModelResponse(Message.assistant("Hello!"), Usage(12, 3, 1))
+        (seen,) = server.requests
+        assert seen.headers["authorization"] == "Bearer sk-test"
+        assert seen.body == {
+            "model": "test-model",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+        }
+
+    async def test_options_known_keys_pass_others_do_not(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("ok")))
+        async with make(server, extra_body={"seed": 7}) as model:
+            await model.complete(
+                ask(temperature=0.2, max_tokens=50, stop=["\n"], top_k=3, app_data="x", seed=1)
+            )
+        body = server.bodies[0]
+        assert (body["temperature"], body["max_tokens"], body["stop"]) == (0.2, 50, ["\n"])
+        assert body["seed"] == 7  # extra_body wins over options
+        assert "top_k" not in body
+        assert "app_data" not in body
+
+    async def test_tool_call_keeps_id_and_parses_arguments(self, server: ModelServer) -> None:
+        server.reply(
+            Reply(json=openai_completion(None, [("call_abc", "weather", '{"city": "Oslo"}')]))
+        )
+        async with make(server) as model:
+            response = await model.complete(ask("Weather?", tools=(WEATHER,)))
+        assert response.message == Message.assistant(
+            "", [ToolCall("call_abc", "weather", {"city": "Oslo"})]
+        )
+        assert server.bodies[0]["tools"] == [
+            {
+                "type": "function",
+                "function": {
+                    "name": "weather",
+                    "description": "Current weather for a city.",
+                    "parameters": dict(WEATHER.input_schema),
+                },
+            }
+        ]
+
+    async def test_parallel_tool_calls(self, server: ModelServer) -> None:
+        calls = [("c1", "weather", '{"city":"Oslo"}'), ("c2", "weather", '{"city":"Rome"}')]
+        server.reply(Reply(json=openai_completion("Checking.", calls)))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,)))
+        assert response.message.content == "Checking."
+        assert response.message.tool_calls == (
+            ToolCall("c1", "weather", {"city": "Oslo"}),
+            ToolCall("c2", "weather", {"city": "Rome"}),
+        )
+
+    async def test_transcript_with_tool_results(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("Done.")))
+        calls = (ToolCall("c1", "weather", {"city": "Oslo"}), ToolCall("c2", "weather", {}))
+        transcript = (
+            Message.system("Extra rule."),
+            Message.user("Weather?"),
+            Message.assistant("", calls),
+            Message.tool(ToolResult("c1", "Sunny")),
+            Message.tool(ToolResult("c2", "city is required", is_error=True)),
+        )
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        assert server.bodies[0]["messages"] == [
+            {"role": "system", "content": "Extra rule."},
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                    },
+                    {
+                        "id": "c2",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": "{}"},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+            {"role": "tool", "tool_call_id": "c2", "content": "Error: city is required"},
+        ]
+
+    async def test_tool_message_without_result_is_refused(self, server: ModelServer) -> None:
+        async with make(server) as model:
+            with pytest.raises(Exception, match="tool_result"):
+                await model.complete(ModelRequest("", (Message("tool", "x"),), (), {}))
+        assert server.requests == []
+
+    async def test_refusal_missing_usage_and_missing_ids(self, server: ModelServer) -> None:
+        answer = openai_completion(None, usage=None)
+        answer["choices"][0]["message"] = {
+            "role": "assistant",
+            "content": None,
+            "refusal": "I can't help with that.",
+            "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": ""}}],
+        }
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.content == "I can't help with that."
+        (call,) = response.message.tool_calls
+        assert call.id.startswith("call_0_")
+        assert call.arguments == {}
+        assert response.usage == Usage(requests=1)
+
+    async def test_no_key_sends_no_authorization(
+        self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        server.reply(Reply(json=openai_completion("local")))
+        async with make(server, api_key=None) as model:
+            await model.complete(ask())
+        assert "authorization" not in server.requests[0].headers
+
+    async def test_key_from_environment(
+        self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+        server.reply(Reply(json=openai_completion("ok")))
+        async with make(server, api_key=None) as model:
+            await model.complete(ask())
+        assert server.requests[0].headers["authorization"] == "Bearer sk-env"
+        assert "sk-env" not in repr(model)
+
+
+class TestMalformedAnswers:
+    @pytest.mark.parametrize(
+        ("reply", "match"),
+        [
+            (Reply(raw=b"<html>not json"), "not valid JSON"),
+            (Reply(json={"choices": []}), "documented shape"),
+            (Reply(json={"choices": [{"message": {"content": ["a"]}}]}), "not text"),
+            (
+                Reply(json=openai_completion(None, [("c1", "weather", '{"city": "Os')])),
+                "not valid JSON",
+            ),
+            (Reply(json=openai_completion(None, [("c1", "weather", "[1, 2]")])), "not an object"),
+        ],
+    )
+    async def test_malformed(self, server: ModelServer, reply: Reply, match: str) -> None:
+        server.reply(reply)
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match=match):
+                await model.complete(ask())
+
+    async def test_error_in_success_body(self, server: ModelServer) -> None:
+        server.reply(Reply(json={"error": {"message": "model not loaded", "code": 503}}))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="model not loaded") as info:
+                await model.complete(ask())
+        assert info.value.status_code == 503
+
+
+class TestErrorsAndRetries:
+    async def test_400_carries_the_api_message_and_is_not_retried(
+        self, server: ModelServer
+    ) -> None:
+        error = {"error": {"message": "Unknown model 'x'.", "type": "invalid_request_error"}}
+        server.reply(Reply(400, error))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="Unknown model 'x'") as info:
+                await model.complete(ask())
+        assert (info.value.status_code, info.value.body) == (400, "Unknown model 'x'.")
+        assert len(server.requests) == 1
+
+    @pytest.mark.parametrize(
+        ("status", "body", "words"),
+        [
+            (401, {"error": "bad key"}, "Check the API key"),
+            (404, {"detail": "no such model"}, "Check base_url"),
+            (422, {"message": "bad field"}, "bad field"),
+            (403, "plain text", "plain text"),
+        ],
+    )
+    async def test_error_bodies_of_compatible_servers(
+        self, server: ModelServer, status: int, body: Any, words: str
+    ) -> None:
+        raw = body.encode() if isinstance(body, str) else None
+        server.reply(Reply(status, body, raw=raw))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=words):
+                await model.complete(ask())
+
+    async def test_429_with_retry_after_then_success(self, server: ModelServer) -> None:
+        limited = {"error": {"message": "Rate limit reached"}}
+        server.reply(
+            Reply(429, limited, headers={"retry-after": "0"}), Reply(json=openai_completion("ok"))
+        )
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.content == "ok"
+        assert len(server.requests) == 2
+
+    async def test_retry_after_beyond_the_deadline_gives_up_at_once(
+        self, server: ModelServer
+    ) -> None:
+        server.reply(Reply(429, {"error": {"message": "slow down"}}, headers={"retry-after": "30"}))
+        async with make(server, retry_deadline=1.0) as model:
+            with anyio.fail_after(5):
+                with pytest.raises(ModelAPIError, match="slow down") as info:
+                    await model.complete(ask())
+        assert info.value.status_code == 429
+        assert len(server.requests) == 1
+
+    async def test_500_then_success(self, server: ModelServer) -> None:
+        server.reply(
+            Reply(500, {"error": {"message": "boom"}}), Reply(json=openai_completion("ok"))
+        )
+        async with make(server) as model:
+            assert (await model.complete(ask())).message.content == "ok"
+        assert len(server.requests) == 2
+
+    async def test_retries_are_bounded(self, server: ModelServer) -> None:
+        server.reply(*[Reply(503, {"error": {"message": "overloaded"}})] * 3)
+        async with make(server, max_retries=2) as model:
+            with pytest.raises(ModelAPIError, match="after 3 attempts") as info:
+                await model.complete(ask())
+        assert info.value.status_code == 503
+        assert len(server.requests) == 3
+
+    async def test_connection_refused_is_retried_then_reported(self) -> None:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        model = OpenAIChatModel(
+            "m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=2, retry_base_delay=0.001
+        )
+        async with model:
+            with pytest.raises(ModelConnectionError, match="after 3 attempts"):
+                await model.complete(ask())
+
+    async def test_cancelled_during_request(self, server: ModelServer) -> None:
+        server.reply(Reply(hang=True))
+        outcome: list[str] = []
+
+        async def call(model: OpenAIChatModel) -> None:
+            try:
+                await model.complete(ask())
+            except anyio.get_cancelled_exc_class():
+                outcome.append("cancelled")
+                raise
+
+        async with make(server) as model:
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(call, model)
+                    await anyio.to_thread.run_sync(server.arrived.wait, 5)
+                    group.cancel_scope.cancel()
+        assert outcome == ["cancelled"]
+
+    async def test_cancelled_during_backoff(
+        self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        server.reply(Reply(429, {"error": {"message": "wait"}}, headers={"retry-after": "30"}))
+        backing_off = anyio.Event()
+        real_sleep = anyio.sleep
+        delays: list[float] = []
+
+        async def sleep(delay: float) -> None:
+            delays.append(delay)
+            backing_off.set()
+            await real_sleep(delay)
+
+        monkeypatch.setattr(anyio, "sleep", sleep)
+        outcome: list[str] = []
+
+        async def call(model: OpenAIChatModel) -> None:
+            try:
+                await model.complete(ask())
+            except anyio.get_cancelled_exc_class():
+                outcome.append("cancelled")
+                raise
+
+        async with make(server, retry_deadline=300) as model:
+            with anyio.fail_after(5):  # far less than the 30 s the server asked for
+                async with anyio.create_task_group() as group:
+                    group.start_soon(call, model)
+                    await backing_off.wait()
+                    group.cancel_scope.cancel()
+        assert delays == [30.0]  # Retry-After honoured
+        assert outcome == ["cancelled"]
+        assert len(server.requests) == 1
+
+
+class TestStreaming:
+    async def test_is_a_streaming_model(self, server: ModelServer) -> None:
+        async with make(server) as model:
+            assert isinstance(model, StreamingModel)
+
+    async def test_streamed_text(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("Hello there, friend.", usage=(5, 4))))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        *deltas, final = items
+        assert all(isinstance(item, TextDelta) for item in deltas)
+        assert len(deltas) == 7
+        assert "".join(item.text for item in deltas) == "Hello there, friend."
+        assert final == ModelResponse(Message.assistant("Hello there, friend."), Usage(5, 4, 1))
+        body = server.bodies[0]
+        assert body["stream"] is True
+        assert body["stream_options"] == {"include_usage": True}
+
+    async def test_streamed_parallel_tool_calls_in_many_chunks(self, server: ModelServer) -> None:
+        calls = [
+            ("call_1", "weather", json.dumps({"city": "Oslo", "unit": "celsius"})),
+            ("call_2", "weather", json.dumps({"city": "Rome"})),
+        ]
+        server.reply(Reply(events=openai_stream("Let me check.", calls, piece=1)))
+        async with make(server) as model:
+            items = await collect(model, ask(tools=(WEATHER,)))
+        call_deltas = [item for item in items if isinstance(item, ToolCallDelta)]
+        assert len(call_deltas) > 40
+        firsts = [delta for delta in call_deltas if delta.id is not None]
+        assert [(d.index, d.id, d.name) for d in firsts] == [
+            (0, "call_1", "weather"),
+            (1, "call_2", "weather"),
+        ]
+        for index, (_, _, arguments) in enumerate(calls):
+            joined = "".join(d.arguments for d in call_deltas if d.index == index)
+            assert joined == arguments
+        final = items[-1]
+        assert isinstance(final, ModelResponse)
+        assert final.message == Message.assistant(
+            "Let me check.",
+            [
+                ToolCall("call_1", "weather", {"city": "Oslo", "unit": "celsius"}),
+                ToolCall("call_2", "weather", {"city": "Rome"}),
+            ],
+        )
+
+    async def test_stream_without_usage_or_indexes(self, server: ModelServer) -> None:
+        events = (
+            ": keep-alive comment\n\n",
+            openai_chunk({"tool_calls": [{"id": "a", "function": {"name": "weather"}}]}),
+            openai_chunk({"tool_calls": [{"function": {"arguments": '{"city":'}}]}),
+            openai_chunk({"tool_calls": [{"function": {"arguments": '"Oslo"}'}}]}),
+            openai_chunk({}, "tool_calls"),
+        )  # no usage, no [DONE]: the finish_reason ends the answer
+        server.reply(Reply(events=events))
+        async with make(server, stream_usage=False) as model:
+            items = await collect(model, ask())
+        assert "stream_options" not in server.bodies[0]
+        assert items[-1] == ModelResponse(
+            Message.assistant("", [ToolCall("a", "weather", {"city": "Oslo"})]), Usage(requests=1)
+        )
+
+    async def test_stream_cut_off_midway(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("A long answer that never ends."), cut_after=4))
+        seen: list[Any] = []
+        async with make(server) as model:
+            with pytest.raises(ModelConnectionError, match="cut off"):
+                await collect_into(seen, model, ask())
+        assert len(seen) == 3
+        assert all(isinstance(item, TextDelta) for item in seen)
+
+    async def test_stream_that_ends_early_is_malformed(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("Hello")[:2]))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="ended before"):
+                await collect(model, ask())
+
+    async def test_stream_with_bad_tool_arguments(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("", [("c", "weather", '{"city": ')])))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="not valid JSON"):
+                await collect(model, ask())
+
+    async def test_stream_call_without_a_name(self, server: ModelServer) -> None:
+        events = (
+            openai_chunk(
+                {"tool_calls": [{"index": 0, "id": "a", "function": {"arguments": "{}"}}]}
+            ),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="without a function name"):
+                await collect(model, ask())
+
+    async def test_stream_with_bad_json_chunk(self, server: ModelServer) -> None:
+        server.reply(Reply(events=(sse("{oops"),)))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="not valid JSON"):
+                await collect(model, ask())
+
+    async def test_error_event_in_stream(self, server: ModelServer) -> None:
+        events = (openai_chunk({"content": "Hi"}), sse({"error": {"message": "context too long"}}))
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="context too long") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 500
+
+    async def test_stream_retries_before_the_first_byte(self, server: ModelServer) -> None:
+        server.reply(
+            Reply(502, {"error": {"message": "bad gateway"}}), Reply(events=openai_stream("ok"))
+        )
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].message.content == "ok"
+        assert len(server.requests) == 2
+
+    async def test_stream_refused_with_400(self, server: ModelServer) -> None:
+        server.reply(Reply(400, {"error": {"message": "stream not supported"}}))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="stream not supported"):
+                await collect(model, ask())
+
+    async def test_consumer_stops_early(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("one two three four")))
+        async with make(server) as model:
+            async with model.stream(ask()) as items:
+                async for item in items:
+                    assert isinstance(item, TextDelta)
+                    break
+            # the connection was closed, so a new request works on the same model
+            server.reply(Reply(json=openai_completion("again")))
+            assert (await model.complete(ask())).message.content == "again"
+
+    async def test_usage_chunk_alone(self, server: ModelServer) -> None:
+        server.reply(
+            Reply(
+                events=(
+                    openai_chunk({"content": "x"}, "stop"),
+                    openai_usage_chunk(1, 2),
+                    OPENAI_DONE,
+                )
+            )
+        )
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].usage == Usage(1, 2, 1)
+
+    async def test_runtime_stream_through_the_adapter(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("Streamed through the runtime.")))
+        async with make(server) as model:
+            agent = Agent("a", "Be brief.", model)
+            async with Runtime().stream(agent, "Hi") as stream:
+                events = [event async for event in stream]
+        texts = [event.text for event in events if isinstance(event, TextDelta)]
+        assert "".join(texts) == "Streamed through the runtime."
+        assert stream.result.output == "Streamed through the runtime."
+
+
+class TestClientOwnership:
+    async def test_given_client_is_never_closed(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("1")), Reply(json=openai_completion("2")))
+        async with httpx.AsyncClient() as client:
+            async with make(server, http_client=client) as model:
+                await model.complete(ask())
+            assert not client.is_closed
+            assert (await model.complete(ask())).message.content == "2"
+
+    async def test_own_client_is_closed_and_recreated(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("1")), Reply(json=openai_completion("2")))
+        model = make(server)
+        await model.complete(ask())
+        first = model._own_client
+        assert first is not None
+        await model.aclose()
+        assert first.is_closed
+        await model.complete(ask())
+        assert model._own_client is not first
+        await model.aclose()
+        await model.aclose()  # closing twice is harmless
+
+
+async def refund(arguments: Any, context: Any) -> str:
+    return f"Refunded order {arguments['order_id']}."
+
+
+REFUND = ToolSpec(
+    name="refund",
+    description="Refund an order.",
+    input_schema={
+        "type": "object",
+        "required": ["order_id"],
+        "properties": {"order_id": {"type": "string"}},
+    },
+    handler=refund,
+    requires_approval=True,
+)
+
+
+async def test_human_in_the_loop_through_checkpoint_json(server: ModelServer) -> None:
+    server.reply(
+        Reply(json=openai_completion(None, [("call_refund_7", "refund", '{"order_id": "123"}')])),
+        Reply(json=openai_completion("Order 123 is refunded.", usage=(40, 6))),
+    )
+    async with make(server) as model:
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        agent = Agent("support", "Ask for approval before refunds.", model, (REFUND,))
+        result = await runtime.run(agent, "Refund order 123.")
+    assert result.status == "interrupted"
+    assert result.interruption is not None
+    assert result.checkpoint_id is not None
+    assert result.interruption.tool_call == ToolCall("call_refund_7", "refund", {"order_id": "123"})
+    store = runtime.checkpoint_store
+    assert store is not None
+    saved = json.dumps(unstructure_checkpoint(await store.load(result.checkpoint_id)))
+
+    # Another "process": a fresh store, runtime, model and agent.
+    fresh_store = InMemoryCheckpointStore()
+    await fresh_store.save(structure_checkpoint(json.loads(saved)))
+    async with make(server) as fresh_model:
+        fresh_agent = Agent("support", "Ask for approval before refunds.", fresh_model, (REFUND,))
+        resumed = await Runtime(checkpoint_store=fresh_store).resume(
+            fresh_agent,
+            checkpoint_id=result.checkpoint_id,
+            response=HumanResponse(request_id=result.interruption.id, action="approve"),
+        )
+    assert resumed.status == "completed"
+    assert resumed.output == "Order 123 is refunded."
+    assert resumed.usage == Usage(11 + 40, 7 + 6, 2)
+    messages = server.bodies[1]["messages"]
+    assert messages[-2]["tool_calls"][0]["id"] == "call_refund_7"
+    assert messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_refund_7",
+        "content": "Refunded order 123.",
+    }
