@@ -177,7 +177,10 @@ class Loop:
         message per call of the last assistant message, in call order."""
         calls = run.transcript[-1].tool_calls
         if not pending:
-            run.transcript.extend(Message.tool(results[call.id]) for call in calls)
+            if len(calls) == 1:  # the common case, without a generator
+                run.transcript.append(Message.tool(results[calls[0].id]))
+            else:
+                run.transcript.extend([Message.tool(results[call.id]) for call in calls])
             return None
         store = self.store
         if store is None:  # pragma: no cover - _handle and resume check this first

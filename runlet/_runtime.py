@@ -24,7 +24,7 @@ from ._human import REJECTION_MESSAGE, HumanResponse, answer_result, check_respo
 from ._loop import Emit, Loop, RunState, edited_result, new_id, run_tool
 from ._messages import Message, ToolResult, Usage
 from ._result import RunResult
-from ._store import CheckpointStore, ClaimingCheckpointStore
+from ._store import CheckpointStore, ClaimingCheckpointStore, InMemoryCheckpointStore
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -52,7 +52,7 @@ class Runtime:
         ConfigurationError: *max_turns* is not a positive integer.
     """
 
-    __slots__ = ("_claims", "_loop", "checkpoint_store", "max_turns")
+    __slots__ = ("_claims", "_in_memory", "_loop", "checkpoint_store", "max_turns")
 
     def __init__(
         self, checkpoint_store: CheckpointStore | None = None, *, max_turns: int = 50
@@ -62,6 +62,7 @@ class Runtime:
         self.checkpoint_store = checkpoint_store
         self.max_turns = max_turns
         self._claims = isinstance(checkpoint_store, ClaimingCheckpointStore)
+        self._in_memory = type(checkpoint_store) is InMemoryCheckpointStore
         self._loop = Loop(checkpoint_store, max_turns)
 
     def __repr__(self) -> str:
@@ -164,8 +165,13 @@ class Runtime:
                 with anyio.CancelScope(shield=True):
                     await store.release(checkpoint_id)  # type: ignore[attr-defined]
             raise
-        with anyio.CancelScope(shield=True):
+        if self._in_memory:
+            # Its delete never yields, so no cancellation can stop it halfway; a shield
+            # would change nothing, and costs ~13 µs per resume on trio.
             await store.delete(checkpoint_id)
+        else:
+            with anyio.CancelScope(shield=True):
+                await store.delete(checkpoint_id)
         return result
 
     async def _continue(
