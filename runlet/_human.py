@@ -10,7 +10,7 @@ import attrs
 
 from ._errors import HumanResponseError, RunletError
 from ._messages import ToolCall, ToolResult
-from ._tools import ToolContext, ToolSpec
+from ._tools import ToolContext, ToolSpec, show_arguments
 
 __all__ = [
     "REJECTION_MESSAGE",
@@ -210,7 +210,7 @@ def check_ask_human(arguments: Mapping[str, Any]) -> str | None:
 def make_request(request_id: str, call: ToolCall, tool: ToolSpec) -> HumanRequest:
     """The request for a call that needs a person."""
     if not is_ask_human(tool):
-        shown = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
+        shown = show_arguments(call.arguments)
         return HumanRequest(
             request_id, "approval", f"Allow {call.name} with {shown}?", tool_call=call
         )

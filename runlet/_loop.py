@@ -7,7 +7,6 @@ outcome: no task group for a single call, no copies beyond the one tuple a
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -36,7 +35,7 @@ from ._messages import Message, ToolCall, ToolResult, Usage
 from ._model import Model, ModelRequest, ModelResponse, TextDelta
 from ._result import RunResult
 from ._store import CheckpointStore
-from ._tools import ToolContext, ToolSpec
+from ._tools import ToolContext, ToolSpec, show_arguments
 
 Emit = Callable[[StreamEvent], Awaitable[None]]
 
@@ -309,7 +308,7 @@ async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> Mod
 def edited_result(result: ToolResult, arguments: Mapping[str, Any]) -> ToolResult:
     """*result*, noting for the model (and the transcript) that a person changed the
     call's arguments before it ran."""
-    shown = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+    shown = show_arguments(arguments)
     return ToolResult(
         result.tool_call_id,
         f"A human edited the arguments to {shown} before the call ran. Result: {result.content}",

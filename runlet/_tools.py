@@ -30,6 +30,14 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # json.dumps() builds a new encoder on every call that passes options; one shared
 # encoder halves the cost of turning a handler's return value into text.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+# Arguments shown to people and models: sorted keys so the text is stable, and repr()
+# for a value that is not JSON rather than an error in the middle of an interruption.
+_SHOWN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=repr)
+
+
+def show_arguments(arguments: Mapping[str, Any]) -> str:
+    """Tool arguments as compact JSON text, for prompts and notes."""
+    return _SHOWN.encode(dict(arguments))
 
 
 @attrs.frozen
