@@ -155,12 +155,10 @@ _ASK_HUMAN_SCHEMA: dict[str, Any] = {
                     "description": {"type": "string"},
                 },
                 "required": ["id", "label"],
-                "additionalProperties": False,
             },
         },
     },
     "required": ["kind", "prompt"],
-    "additionalProperties": False,
     "if": {"properties": {"kind": {"const": "choice"}}},
     "then": {"required": ["options"]},
 }
