@@ -303,14 +303,12 @@ class RunStream:
             RunletError: The run has not finished (keep iterating), or it failed.
         """
         if self._result is None:
-            raise RunletError(
-                "The stream has no result yet: iterate it until RunFinished first"
-                + (
-                    " (the run failed; see the exception the iteration raised)."
-                    if self._error
-                    else "."
+            if self._error is not None:
+                raise RunletError(
+                    "The stream has no result because the run failed; iterating it raised "
+                    f"the run's error ({type(self._error).__name__})."
                 )
-            )
+            raise RunletError("The stream has no result yet: iterate it until RunFinished first.")
         return self._result
 
     async def __aenter__(self) -> RunStream:
