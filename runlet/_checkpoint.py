@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn
 
 from ._errors import CheckpointSerializationError
-from ._human import HumanOption, HumanRequest
+from ._human import Decision, HumanOption, HumanRequest
 from ._messages import Message, ToolCall, ToolResult, Usage
 
 __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
+    "structure",
     "structure_checkpoint",
+    "unstructure",
     "unstructure_checkpoint",
 ]
 
-CHECKPOINT_VERSION = 1
-"""The checkpoint schema version this Runlet writes (and the newest it reads)."""
+CHECKPOINT_VERSION = 2
+"""The checkpoint schema version this Runlet writes (and the newest it reads). Version 1
+data still loads: it is migrated on read."""
+
+# Version 1 recorded no request times; migrated requests say "created at the epoch".
+_V1_CREATED_AT = "1970-01-01T00:00:00+00:00"
 
 
 @attrs.frozen(kw_only=True)
@@ -45,8 +52,11 @@ class Checkpoint:
         results: Results already known for that message's calls (calls that needed no
             person, and those a person has already answered).
         pending_tool_calls: The calls still waiting for a person, in call order; the
-            first is the one :attr:`request` asks about.
-        request: The open request.
+            first is the one :attr:`request` asks about. A call's arguments are what runs
+            when its request is approved.
+        request: The first open request (the run's ``interruption``).
+        more_requests: The other open requests, one per further pending call, in order.
+        decisions: Every answer given in this run before this checkpoint (audit trail).
         usage: Usage so far.
         turns: Model requests made so far, counted against the runtime's ``max_turns``.
     """
@@ -62,8 +72,17 @@ class Checkpoint:
     results: tuple[ToolResult, ...] = ()
     pending_tool_calls: tuple[ToolCall, ...]
     request: HumanRequest
+    more_requests: tuple[HumanRequest, ...] = ()
+    decisions: tuple[Decision, ...] = ()
     usage: Usage = Usage()
     turns: int = 0
+
+    @property
+    def open_requests(self) -> tuple[HumanRequest, ...]:
+        """Every open request, in call order: :attr:`request` first."""
+        if not self.more_requests:
+            return (self.request,)
+        return (self.request, *self.more_requests)
 
 
 _JSON_SCALARS = (str, int, bool, type(None))
@@ -113,6 +132,87 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
                 _check_json(call.arguments, f"{name}[{index}].tool_calls[{number}].arguments")
     for index, call in enumerate(checkpoint.pending_tool_calls):
         _check_json(call.arguments, f"pending_tool_calls[{index}].arguments")
+    for index, decision in enumerate(checkpoint.decisions):
+        _check_json(decision.arguments, f"decisions[{index}].arguments")
+        _check_json(decision.metadata, f"decisions[{index}].metadata")
+
+
+def check_integrity(checkpoint: Checkpoint) -> None:
+    """Refuse a checkpoint that does not hang together, so no resume ever runs a call with
+    arguments the person was not shown, or fails halfway with an IndexError.
+
+    Raises:
+        CheckpointSerializationError: Naming the inconsistency and where it is.
+    """
+    transcript = checkpoint.transcript
+    if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
+        _broken("transcript", "must end with the assistant message whose tool calls wait")
+    calls = {call.id: call for call in transcript[-1].tool_calls}
+    pending = checkpoint.pending_tool_calls
+    if not pending:
+        _broken("pending_tool_calls", "is empty, so there is nothing to resume")
+    requests = checkpoint.open_requests
+    if len(requests) != len(pending):
+        _broken(
+            "more_requests",
+            f"holds {len(requests)} open requests for {len(pending)} pending calls; "
+            "each pending call needs exactly one",
+        )
+    seen: set[str] = set()
+    for index, (call, request) in enumerate(zip(pending, requests, strict=True)):
+        where = f"pending_tool_calls[{index}]"
+        made = calls.get(call.id)
+        if made is None or made.name != call.name:
+            _broken(where, f"call {call.id!r} ({call.name}) is not in the last assistant message")
+        if call.id in seen:
+            _broken(where, f"call {call.id!r} is pending twice")
+        seen.add(call.id)
+        if request.tool_call != call:
+            name = "request" if index == 0 else f"more_requests[{index - 1}]"
+            _broken(
+                f"{name}.tool_call",
+                f"does not match pending call {call.id!r} (its id, tool or arguments "
+                "differ), so the person would decide on something other than what runs",
+            )
+    if len({request.id for request in requests}) != len(requests):
+        _broken("more_requests", "two open requests share an id")
+    for index, result in enumerate(checkpoint.results):
+        where = f"results[{index}]"
+        if result.tool_call_id not in calls:
+            _broken(
+                where,
+                f"is for call {result.tool_call_id!r}, which the last assistant "
+                "message does not hold",
+            )
+        if result.tool_call_id in seen:
+            _broken(where, f"call {result.tool_call_id!r} has two results, or is also pending")
+        seen.add(result.tool_call_id)
+    if len(seen) != len(calls):
+        missing = ", ".join(repr(i) for i in calls if i not in seen)
+        _broken("results", f"calls {missing} have neither a result nor a pending request")
+
+
+def _broken(path: str, problem: str) -> None:
+    raise CheckpointSerializationError(
+        f"This checkpoint does not hang together: {path} {problem}. It was altered or "
+        "written by a broken store; it cannot be resumed safely.",
+        path=path,
+    )
+
+
+def _unstructure_datetime(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _structure_datetime(value: Any, _: Any) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(f"expected an ISO 8601 date-time string, got {type(value).__name__}")
+    if value.endswith("Z"):  # fromisoformat() reads "Z" only from Python 3.11 on
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone; times are aware UTC")
+    return parsed.astimezone(timezone.utc)
 
 
 def _passthrough(value: Any) -> Any:
@@ -145,7 +245,7 @@ def _register_tuples(converter: cattrs.Converter) -> None:
     # call; binding it once takes ~15% off a checkpoint's (de)serialization. Same data
     # in and out (lists out, tuples in). Items first, so Message's hook binds the
     # tuple[ToolCall, ...] hook made here.
-    for item in (ToolCall, ToolResult, HumanOption, Message):
+    for item in (ToolCall, ToolResult, HumanOption, Message, HumanRequest, Decision):
         structure = converter.get_structure_hook(item)
         unstructure = converter.get_unstructure_hook(item)
 
@@ -170,6 +270,8 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter.register_structure_hook_func(_is_json_mapping, _structure_json_object)
     for type_ in (str, int, bool):
         converter.register_structure_hook(type_, _exactly(type_))
+    converter.register_unstructure_hook(datetime, _unstructure_datetime)
+    converter.register_structure_hook(datetime, _structure_datetime)
     if not detailed:
         _register_tuples(converter)
     # The version is written even though it equals its default: readers rely on it.
@@ -206,12 +308,13 @@ def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
 
 def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
     """Turn data made by :func:`unstructure_checkpoint` (for instance after a JSON round
-    trip) back into a :class:`Checkpoint`.
+    trip) back into a :class:`Checkpoint`. Version 1 data is migrated on read.
 
     Raises:
         CheckpointSerializationError: The data is not a checkpoint, is malformed (the
-            message names the offending path), or was written by a schema version this
-            Runlet does not read.
+            message names the offending path), does not hang together (for example its
+            open request does not match the pending call), or was written by a schema
+            version this Runlet does not read.
     """
     if not isinstance(data, Mapping):
         raise CheckpointSerializationError(
@@ -219,33 +322,77 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
         )
     version = data.get("version")
     if version != CHECKPOINT_VERSION or type(version) is not int:
-        if version is None:
+        if version == 1 and type(version) is int:
+            data = _migrate_v1(data)
+        elif version is None:
             raise CheckpointSerializationError(
                 "This data is not a Runlet checkpoint: it has no 'version' field.",
                 path="version",
             )
-        raise CheckpointSerializationError(
-            f"Checkpoint schema version {version!r} is not supported: this Runlet reads "
-            f"version {CHECKPOINT_VERSION}. Resume it with the Runlet release that wrote it.",
-            path="version",
-        )
+        else:
+            raise CheckpointSerializationError(
+                f"Checkpoint schema version {version!r} is not supported: this Runlet reads "
+                f"versions 1 to {CHECKPOINT_VERSION}. Resume it with the Runlet release "
+                "that wrote it.",
+                path="version",
+            )
+    checkpoint = structure(data, Checkpoint, what="checkpoint")
+    check_integrity(checkpoint)
+    return checkpoint
+
+
+def _migrate_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    migrated = dict(data)
+    migrated["version"] = CHECKPOINT_VERSION
+    request = migrated.get("request")
+    if isinstance(request, Mapping) and "created_at" not in request:
+        migrated["request"] = {**request, "created_at": _V1_CREATED_AT}
+    return migrated
+
+
+T = TypeVar("T")
+
+
+def unstructure(obj: Any) -> Any:
+    """Turn a Runlet data object (a :class:`~runlet.RunResult`, request, response,
+    message, stream event, checkpoint, ...) into JSON-compatible data, with the one
+    converter Runlet uses for checkpoints. :func:`structure` turns it back.
+
+    Raises:
+        CheckpointSerializationError: A value inside is not JSON-compatible (the path
+            says where).
+    """
+    if isinstance(obj, Checkpoint):
+        return unstructure_checkpoint(obj)
+    data = _converter.unstructure(obj)
+    _check_json(data, type(obj).__name__)
+    return data
+
+
+def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
+    """Turn data made by :func:`unstructure` back into an instance of *cls*, exactly.
+
+    Raises:
+        CheckpointSerializationError: The data is malformed; the message names the path.
+    """
     try:
-        return _converter.structure(data, Checkpoint)
+        return _converter.structure(data, cls)
     except Exception:  # noqa: BLE001 - re-done below to say exactly what is wrong
         pass
+    name = what or str(getattr(cls, "__name__", "data"))
     try:
-        checkpoint = _explainer.structure(data, Checkpoint)
+        value: T = _explainer.structure(data, cls)
     except Exception as exc:
-        details = cattrs.transform_error(exc, path="checkpoint")
+        details = cattrs.transform_error(exc, path=name)
         raise CheckpointSerializationError(
-            "This data is not a valid checkpoint: " + "; ".join(details),
+            f"This data is not a valid {name}: " + "; ".join(details),
             path=_first_path(details),
         ) from exc
-    return checkpoint  # pragma: no cover - the fast converter accepts what this accepts
+    return value  # pragma: no cover - the fast converter accepts what this accepts
 
 
 def _first_path(details: list[str]) -> str | None:
     for line in details:
         if " @ " in line:
             return line.rsplit(" @ ", 1)[1]
-    return None  # pragma: no cover
+    return None
