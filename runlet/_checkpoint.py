@@ -14,6 +14,7 @@ from cattrs.gen import make_dict_unstructure_fn
 from ._errors import CheckpointSerializationError
 from ._human import Decision, HumanOption, HumanRequest
 from ._messages import Message, ToolCall, ToolResult, Usage
+from ._tools import show_arguments
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -342,12 +343,41 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
 
 
 def _migrate_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 made the request for a later pending call only when the run reached it;
+    version 2 holds one open request per pending call. Migrated requests get stable ids
+    (so loading twice gives the same ids) and the default prompt."""
     migrated = dict(data)
     migrated["version"] = CHECKPOINT_VERSION
     request = migrated.get("request")
     if isinstance(request, Mapping) and "created_at" not in request:
         migrated["request"] = {**request, "created_at": _V1_CREATED_AT}
+    pending = migrated.get("pending_tool_calls")
+    if isinstance(pending, list) and len(pending) > 1 and "more_requests" not in migrated:
+        migrated["more_requests"] = [
+            _v1_request(call, f"req_{migrated.get('id')}_{index}")
+            for index, call in enumerate(pending[1:], start=1)
+        ]
     return migrated
+
+
+def _v1_request(call: Any, request_id: str) -> Any:
+    if not isinstance(call, Mapping):
+        return call  # malformed: structuring says where
+    arguments = call.get("arguments") or {}
+    request: dict[str, Any] = {"id": request_id, "tool_call": call, "created_at": _V1_CREATED_AT}
+    kind = arguments.get("kind") if isinstance(arguments, Mapping) else None
+    if call.get("name") == "ask_human" and kind in ("choice", "input"):
+        request.update(kind=kind, prompt=arguments.get("prompt", ""))
+        if kind == "choice":
+            request["options"] = [
+                {key: option[key] for key in ("id", "label", "description") if key in option}
+                for option in arguments.get("options", ())
+                if isinstance(option, Mapping)
+            ]
+    else:
+        shown = show_arguments(arguments if isinstance(arguments, Mapping) else {})
+        request.update(kind="approval", prompt=f"Allow {call.get('name')} with {shown}?")
+    return request
 
 
 T = TypeVar("T")

@@ -182,15 +182,16 @@ def _decide(
     for response in responses:
         if not isinstance(response, HumanResponse):
             raise HumanResponseError(
-                f"resume() needs HumanResponse objects, got {type(response).__name__}."
+                f"resume() needs a HumanResponse, got {type(response).__name__}."
             )
         request = by_id.get(response.request_id)
         if request is None:
             waiting = ", ".join(repr(r.id) for r in requests)
+            noun = "request" if len(requests) == 1 else "requests"
             raise HumanResponseError(
                 f"This response answers request {response.request_id!r}, but checkpoint "
-                f"{checkpoint.id!r} is waiting on {waiting}. Resume with a request id from "
-                "the interruption that produced this checkpoint."
+                f"{checkpoint.id!r} is waiting on {noun} {waiting}. Resume with a request id "
+                "from the interruption that produced this checkpoint."
             )
         call_id = request.tool_call.id
         if call_id in answers:

@@ -409,14 +409,15 @@ class InMemoryCheckpointStore:
         """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
         entry = self._entry(checkpoint_id)
         status = entry.status
-        if status != "pending":
-            if status == "claimed" and self._held_now(entry):
+        if status == "claimed":
+            if self._held_now(entry):
                 raise CheckpointClaimedError(
                     f"Checkpoint {checkpoint_id!r} is being resumed by another caller right "
                     "now. Wait for that resume: it either resolves the checkpoint (then "
                     "repeating your response returns its result) or leaves it resumable.",
                     checkpoint_id=checkpoint_id,
                 )
+        elif status != "pending":
             _refuse_final(entry, checkpoint_id)
         entry.status = "claimed"
         entry.token = token = new_token()
