@@ -402,7 +402,7 @@ def store_conformance_tests(
         async def test_list_pending_filters_by_agent_and_metadata(
             self, store: DurableCheckpointStore
         ) -> None:
-            cases = [
+            cases: list[tuple[str, str, dict[str, Any]]] = [
                 ("cp_1", "support", {"tenant": "acme", "user": {"id": 1}}),
                 ("cp_2", "billing", {"tenant": "acme", "user": {"id": 1}}),
                 ("cp_3", "support", {"tenant": "other", "user": {"id": 1}}),
