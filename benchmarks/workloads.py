@@ -516,7 +516,7 @@ async def bench_w4(counts: Counts) -> Outcome:
 
     runlet_held, _ = await traced_retained(runlet_checkpoints)
     floor_held, _ = await traced_retained(floor_checkpoints)
-    sample = next(iter(store._checkpoints.values()))
+    sample = next(iter(store._entries.values())).checkpoint
     return Outcome(
         figures=[
             Figure(
