@@ -609,7 +609,7 @@ async def test_a_checkpoint_that_does_not_hang_together_is_refused_at_resume() -
     swapped = ToolCall("c1", "refund", {"order_id": "999"})
     await store.save(attrs.evolve(checkpoint, pending_tool_calls=(swapped,)))
 
-    with pytest.raises(CheckpointSerializationError, match="request.tool_call"):
+    with pytest.raises(CheckpointSerializationError, match=r"request\.tool_call"):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert [] == payments.attempts
 
