@@ -161,12 +161,14 @@ def check_integrity(checkpoint: Checkpoint) -> None:
         )
     seen: set[str] = set()
     for index, (call, request) in enumerate(zip(pending, requests, strict=True)):
-        where = f"pending_tool_calls[{index}]"
         made = calls.get(call.id)
         if made is None or made.name != call.name:
-            _broken(where, f"call {call.id!r} ({call.name}) is not in the last assistant message")
+            _broken(
+                f"pending_tool_calls[{index}]",
+                f"call {call.id!r} ({call.name}) is not in the last assistant message",
+            )
         if call.id in seen:
-            _broken(where, f"call {call.id!r} is pending twice")
+            _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
         seen.add(call.id)
         if request.tool_call != call:
             name = "request" if index == 0 else f"more_requests[{index - 1}]"
@@ -178,7 +180,11 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     if len({request.id for request in requests}) != len(requests):
         _broken("more_requests", "two open requests share an id")
     for index, result in enumerate(checkpoint.results):
-        where = f"results[{index}]"
+        where = (
+            f"results[{index}]"
+            if result.tool_call_id in seen or result.tool_call_id not in calls
+            else ""
+        )
         if result.tool_call_id not in calls:
             _broken(
                 where,

@@ -27,6 +27,7 @@ every record. With a plain three-method :class:`~runlet.CheckpointStore` steps 2
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -66,7 +67,13 @@ from ._loop import (
 )
 from ._messages import ToolCall, ToolResult
 from ._result import RunResult
-from ._store import CallRecord, DurableCheckpointStore, Resolution, cancelled_error
+from ._store import (
+    CallRecord,
+    DurableCheckpointStore,
+    InMemoryCheckpointStore,
+    Resolution,
+    cancelled_error,
+)
 
 __all__ = ["resume"]
 
@@ -131,10 +138,10 @@ async def resume(
         # 6. Resolve: the outcome and the next checkpoint, atomically.
         resolution = Resolution(decisions=decided, result=result, resolved_at=loop.clock())
         next_checkpoint = deferred[0] if deferred else None
-        with anyio.CancelScope(shield=True):
+        with _shielded(durable_store):
             await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
     except BaseException:
-        with anyio.CancelScope(shield=True):
+        with _shielded(durable_store):
             await durable_store.release(checkpoint_id, token)
         raise
     if emit is not None and next_checkpoint is not None:
@@ -155,9 +162,18 @@ async def _resume_plain(
     checkpoint = await store.load(checkpoint_id)
     answers = _decide(loop, agent, checkpoint, responses)
     result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit)
-    with anyio.CancelScope(shield=True):
+    with _shielded(store):
         await store.delete(checkpoint_id)
     return result
+
+
+def _shielded(store: object) -> AbstractContextManager[object]:
+    """A shield, so a cancellation cannot stop a store's final write halfway. The in-memory
+    store's methods never yield, so nothing can interrupt them; there a shield would only
+    cost time (~13 µs per resume on trio)."""
+    if type(store) is InMemoryCheckpointStore:
+        return nullcontext()
+    return anyio.CancelScope(shield=True)
 
 
 def _decide(
@@ -348,19 +364,20 @@ async def _continue(
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
     await _run_approved(run, to_run, results, record)  # 4.
 
-    now = loop.clock()
     pending: list[ToolCall] = []
     requests: list[HumanRequest] = []
-    for request in checkpoint.open_requests:
-        call_id = request.tool_call.id
-        if call_id in unknown:
-            call = _approved_call(checkpoint, call_id, decided[call_id])
-            tool = agent._by_name[call.name]
-            request = make_request(new_id("req"), call, tool, now, outcome_unknown=True)
-        elif call_id in decided:
-            continue
-        pending.append(request.tool_call)
-        requests.append(request)
+    if unknown or len(decided) < len(checkpoint.pending_tool_calls):
+        now = loop.clock()
+        for request in checkpoint.open_requests:
+            call_id = request.tool_call.id
+            if call_id in unknown:
+                call = _approved_call(checkpoint, call_id, decided[call_id])
+                tool = agent._by_name[call.name]
+                request = make_request(new_id("req"), call, tool, now, outcome_unknown=True)
+            elif call_id in decided:
+                continue
+            pending.append(request.tool_call)
+            requests.append(request)
     if pending:
         result = await loop.interrupt(run, results, pending, requests)
     else:
