@@ -175,7 +175,8 @@ async def disturbed(
     faults = Faults()
     rt, agent, bank, store = setup(faults, idempotent=idempotent)
     first = await rt.run(agent, "Refund order 7.")
-    assert first.interruption is not None and first.checkpoint_id is not None
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
     response = HumanResponse(first.interruption.id, "approve")
     faults.points.clear()
     faults.target, faults.when, faults.kind = target, when, kind
@@ -191,7 +192,8 @@ async def disturbed(
         if result.status == "completed":
             break
         # A non-idempotent refund cut off inside its handler comes back to a person.
-        assert result.interruption is not None and result.interruption.outcome_unknown
+        assert result.interruption is not None
+        assert result.interruption.outcome_unknown
         assert not idempotent
         assert result.checkpoint_id is not None
         first = result
