@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError
 from ._human import Decision, HumanOption, HumanRequest
@@ -138,6 +139,12 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
         _check_json(decision.metadata, f"decisions[{index}].metadata")
 
 
+# Checkpoint objects already found to hang together (by id, with a weak reference to
+# rule out a reused id). Checkpoints are frozen, so a check holds for the object's life;
+# the resume of a checkpoint just structured from JSON then does not check it twice.
+_verified: dict[int, weakref.ref[Checkpoint]] = {}
+
+
 def check_integrity(checkpoint: Checkpoint) -> None:
     """Refuse a checkpoint that does not hang together, so no resume ever runs a call with
     arguments the person was not shown, or fails halfway with an IndexError.
@@ -145,6 +152,16 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     Raises:
         CheckpointSerializationError: Naming the inconsistency and where it is.
     """
+    known = _verified.get(id(checkpoint))
+    if known is not None and known() is checkpoint:
+        return
+    _check_integrity(checkpoint)
+    if len(_verified) >= 4096:
+        _verified.clear()
+    _verified[id(checkpoint)] = weakref.ref(checkpoint)
+
+
+def _check_integrity(checkpoint: Checkpoint) -> None:
     transcript = checkpoint.transcript
     if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
         _broken("transcript", "must end with the assistant message whose tool calls wait")
@@ -284,7 +301,12 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     # The version is written even though it equals its default: readers rely on it.
     converter.register_unstructure_hook(
         Checkpoint,
-        make_dict_unstructure_fn(Checkpoint, converter, _cattrs_omit_if_default=False),
+        make_dict_unstructure_fn(
+            Checkpoint,
+            converter,
+            _cattrs_omit_if_default=True,
+            version=override(omit_if_default=False),
+        ),
     )
     return converter
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import anyio
@@ -122,10 +123,7 @@ async def resume(
     token = claim.token
     deferred: list[Checkpoint] = []
     try:
-
-        async def record(records: Sequence[CallRecord]) -> None:
-            await durable_store.record(checkpoint_id, token, records)
-
+        record = partial(durable_store.record, checkpoint_id, token)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
             loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit
@@ -362,7 +360,12 @@ async def _continue(
             unknown.append(call_id)  # started by an attempt that never finished
         else:
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
-    await _run_approved(run, to_run, results, record)  # 4.
+    if len(to_run) == 1:  # 4. run the approved calls, recording each result
+        await _run_approved(run, *to_run[0], results, record)
+    elif to_run:
+        async with anyio.create_task_group() as group:
+            for call, decision in to_run:
+                group.start_soon(_run_approved, run, call, decision, results, record)
 
     pending: list[ToolCall] = []
     requests: list[HumanRequest] = []
@@ -405,25 +408,18 @@ def _answer_result(request: HumanRequest, decision: Decision) -> ToolResult:
 
 async def _run_approved(
     run: RunState,
-    to_run: list[tuple[ToolCall, Decision]],
+    call: ToolCall,
+    decision: Decision,
     results: dict[str, ToolResult],
     record: Record | None,
 ) -> None:
-    async def one(call: ToolCall, decision: Decision) -> None:
-        tool = run.agent._by_name[call.name]
-        result = await run_tool(run, call, tool, call.arguments)
-        if decision.edited:
-            result = edited_result(result, call.arguments)
-        results[call.id] = result
-        if record is not None:
-            await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
-
-    if len(to_run) == 1:
-        await one(*to_run[0])
-    elif to_run:
-        async with anyio.create_task_group() as group:
-            for call, decision in to_run:
-                group.start_soon(one, call, decision)
+    tool = run.agent._by_name[call.name]
+    result = await run_tool(run, call, tool, call.arguments)
+    if decision.edited:
+        result = edited_result(result, call.arguments)
+    results[call.id] = result
+    if record is not None:
+        await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
 
 
 async def _holding_lease(
