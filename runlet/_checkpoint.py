@@ -81,7 +81,7 @@ class Checkpoint:
 
     @property
     def open_requests(self) -> tuple[HumanRequest, ...]:
-        """Every open request, in call order: :attr:`request` first."""
+        """All open requests in call order, starting with :attr:`request`."""
         if not self.more_requests:
             return (self.request,)
         return (self.request, *self.more_requests)
