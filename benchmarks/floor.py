@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import anyio
