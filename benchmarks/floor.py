@@ -6,8 +6,9 @@ of one turn run concurrently in a task group (a single call is awaited directly)
 call that needs approval suspends the run into a checkpoint dict that goes through
 ``json``. Its resume keeps the same exactly-once records Runlet keeps (a claim, the
 decision and the result recorded before the run goes on, the outcome kept for a repeated
-answer), as plain dict writes, so W3 compares like with like. There is no typing, no error hierarchy, no streaming and no checks on what the
-model returns: it is what a careful person would write by hand for one application.
+answer), as plain dict writes, so W3 compares like with like. There is no typing, no
+error hierarchy, no streaming and no checks on what the model returns: it is what a
+careful person would write by hand for one application.
 """
 
 from __future__ import annotations
