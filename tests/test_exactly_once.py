@@ -910,3 +910,222 @@ async def test_approval_prompt_and_allow_edit_per_tool() -> None:
     )
     assert other.interruption is not None
     assert "Refund it?" == other.interruption.prompt
+
+
+# --- Edges -------------------------------------------------------------------------------
+
+MORE_BROKEN = [
+    ("pending-twice", "twice", "pending_tool_calls[1]"),
+    ("request-ids", "share an id", "more_requests"),
+    ("result-and-pending", "two results", "results[0]"),
+    ("no-result", "neither a result", "results"),
+    ("requests-count", "open requests for", "more_requests"),
+]
+
+
+@pytest.mark.parametrize(
+    ("problem", "where"), [c[1:] for c in MORE_BROKEN], ids=[c[0] for c in MORE_BROKEN]
+)
+def test_more_ways_a_checkpoint_can_fail_to_hang_together(problem: str, where: str) -> None:
+    first = ToolCall("c1", "refund", {"order_id": "1"})
+    second = ToolCall("c2", "refund", {"order_id": "2"})
+    request = runlet.HumanRequest("req_1", "approval", "Allow?", tool_call=first)
+    fields: dict[str, Any] = {
+        "id": "cp_1",
+        "run_id": "run_1",
+        "agent_name": "support",
+        "messages": (),
+        "options": {},
+        "metadata": {},
+        "transcript": (runlet.Message.assistant("", [first, second]),),
+        "pending_tool_calls": (first, second),
+        "request": request,
+        "more_requests": (attrs.evolve(request, id="req_2", tool_call=second),),
+    }
+    if problem == "twice":
+        fields["transcript"] = (runlet.Message.assistant("", [first]),)
+        fields["pending_tool_calls"] = (first, first)
+        fields["more_requests"] = (attrs.evolve(request, id="req_2"),)
+    elif problem == "share an id":
+        fields["more_requests"] = (attrs.evolve(request, tool_call=second),)
+    elif problem == "two results":
+        fields["results"] = (runlet.ToolResult("c1", "done"),)
+    elif problem == "neither a result":
+        fields["pending_tool_calls"] = (first,)
+        fields["more_requests"] = ()
+    else:
+        fields["more_requests"] = ()
+    data = unstructure_checkpoint(Checkpoint(**fields))
+    with pytest.raises(CheckpointSerializationError, match=problem) as info:
+        structure_checkpoint(data)
+    assert where == info.value.path
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [(5, "ISO 8601"), ("2026-01-01T00:00:00", "no time zone"), ("soon", "Invalid isoformat")],
+    ids=["int", "naive", "garbage"],
+)
+def test_request_times_must_be_aware_iso_strings(value: Any, problem: str) -> None:
+    data = _checkpoint_data()
+    data["request"]["created_at"] = value
+    with pytest.raises(CheckpointSerializationError, match="created_at"):
+        structure_checkpoint(data)
+
+
+def test_a_z_suffix_is_read_as_utc() -> None:
+    data = _checkpoint_data()
+    data["request"]["created_at"] = "2026-01-02T03:04:05Z"
+    checkpoint = structure_checkpoint(data)
+    assert datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC) == checkpoint.request.created_at
+
+
+def test_unstructure_and_structure_round_trip_results_and_decisions() -> None:
+    checkpoint = structure_checkpoint(_checkpoint_data())
+    result = runlet.RunResult(
+        status="interrupted",
+        interruption=checkpoint.request,
+        checkpoint_id="cp_1",
+        transcript=checkpoint.transcript,
+        usage=runlet.Usage(1, 2, 3),
+        run_id="run_1",
+        pending_requests=checkpoint.open_requests,
+    )
+    data = json.loads(json.dumps(runlet.unstructure(result)))
+    assert result == runlet.structure(data, RunResult)
+    assert unstructure_checkpoint(checkpoint) == runlet.unstructure(checkpoint)
+
+
+async def test_two_responses_to_one_request_are_refused() -> None:
+    rt, agent, payments, _, first = await refund_run()
+    with pytest.raises(HumanResponseError, match="Two responses"):
+        await rt.resume(agent, checkpoint_id=cp(first), responses=[approve(first), approve(first)])
+    assert [] == payments.attempts
+
+
+async def test_response_metadata_must_be_json() -> None:
+    rt, agent, payments, _, first = await refund_run()
+    with pytest.raises(HumanResponseError, match="metadata"):
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=approve(first, metadata={"at": object()})
+        )
+    assert [] == payments.attempts
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"action": "reject", "value": 5}, "reason"),
+        ({"action": "approve", "responded_by": 5}, "responded_by"),
+        ({"action": "approve", "metadata": [1]}, "metadata"),
+    ],
+    ids=["reason", "responded-by", "metadata"],
+)
+def test_bad_response_fields_are_refused_at_construction(
+    fields: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(HumanResponseError, match=problem):
+        HumanResponse("req_1", **fields)
+
+
+async def test_several_approved_calls_run_concurrently_and_each_result_is_recorded() -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund both.")
+    result = await rt.resume(
+        agent,
+        checkpoint_id=cp(first),
+        responses=[HumanResponse(r.id, "approve") for r in first.pending_requests],
+    )
+    assert "completed" == result.status
+    assert ["1", "2"] == sorted(payments.paid.values())
+
+
+async def test_a_renewal_that_fails_for_another_reason_is_retried() -> None:
+    attempts: list[int] = []
+    renewed = anyio.Event()
+
+    class Flaky(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise OSError("database restarting")
+            renewed.set()
+
+    rt, agent, payments, _, first = await refund_run(store=Flaky(lease=0.03), script=["Done."])
+    payments.block = renewed
+    with anyio.fail_after(10):
+        result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "completed" == result.status
+    assert len(attempts) >= 2
+
+
+async def test_a_failure_under_a_lease_is_raised_as_itself() -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, _, _, first = await refund_run(
+        store=InMemoryCheckpointStore(lease=60), script=[down]
+    )
+    with pytest.raises(runlet.ModelError, match="model is down"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
+async def test_a_resume_that_loses_the_race_to_finish_returns_the_stored_result() -> None:
+    class Racing(InMemoryCheckpointStore):
+        """Reports the checkpoint pending, then finds it resolved when claiming."""
+
+        async def get(self, checkpoint_id: str) -> runlet.StoredCheckpoint:
+            stored = await super().get(checkpoint_id)
+            return attrs.evolve(stored, status="pending", resolution=None)
+
+    store = Racing()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    done = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert done == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert 1 == len(payments.attempts)
+
+
+async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
+    class Plain:
+        def __init__(self) -> None:
+            self.rows: dict[str, Checkpoint] = {}
+
+        async def save(self, checkpoint: Checkpoint) -> None:
+            self.rows[checkpoint.id] = checkpoint
+
+        async def load(self, checkpoint_id: str) -> Checkpoint:
+            try:
+                return self.rows[checkpoint_id]
+            except KeyError:
+                raise CheckpointNotFoundError("gone", checkpoint_id=checkpoint_id) from None
+
+        async def delete(self, checkpoint_id: str) -> None:
+            self.rows.pop(checkpoint_id, None)
+
+    store = Plain()
+    rt, _agent, _, _, first = await refund_run(store=store)
+    await rt.cancel(cp(first))
+    assert {} == store.rows
+    with pytest.raises(CheckpointNotFoundError):
+        await rt.cancel(cp(first))
+
+
+def test_runtime_refuses_a_clock_that_is_not_callable() -> None:
+    with pytest.raises(ConfigurationError, match="clock"):
+        Runtime(clock="now")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "prompt", [lambda arguments: 1 / 0, lambda arguments: 42], ids=["raises", "not-str"]
+)
+async def test_a_broken_approval_prompt_falls_back_to_the_default(prompt: Any) -> None:
+    model = ScriptedModel([call("refund", id="a", order_id="1")])
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    first = await rt.run(agent_with(model, refund_spec(Payments(), approval_prompt=prompt)), "x")
+    assert first.interruption is not None
+    assert 'Allow refund with {"order_id": "1"}?' == first.interruption.prompt
