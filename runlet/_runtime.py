@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._agent import Agent
+from ._agent import Agent, is_async_method
 from ._checkpoint import Checkpoint
 from ._errors import (
     CheckpointStoreRequiredError,
@@ -33,8 +33,6 @@ STREAM_BUFFER_SIZE = 64
 yet. When the buffer is full the run waits for the consumer, so a slow consumer slows
 the run down instead of making it buffer without bound."""
 
-_EMPTY: Mapping[str, Any] = {}
-
 
 class Runtime:
     """Runs agents: drives the model → tool call → tool result loop, stops for a person
@@ -49,7 +47,8 @@ class Runtime:
             fails with :class:`~runlet.MaxTurnsExceededError`.
 
     Raises:
-        ConfigurationError: *max_turns* is not a positive integer.
+        ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
+            ``delete`` method, or *max_turns* is not a positive integer.
     """
 
     __slots__ = ("_claims", "_in_memory", "_loop", "checkpoint_store", "max_turns")
@@ -59,6 +58,14 @@ class Runtime:
     ) -> None:
         if type(max_turns) is not int or max_turns < 1:
             raise ConfigurationError(f"max_turns must be a positive int, not {max_turns!r}.")
+        if checkpoint_store is not None and not all(
+            is_async_method(checkpoint_store, name) for name in ("save", "load", "delete")
+        ):
+            raise ConfigurationError(
+                "checkpoint_store must be a CheckpointStore, an object with async save(), "
+                f"load() and delete() methods; got {type(checkpoint_store).__name__}. Use "
+                "InMemoryCheckpointStore() or a store of your own."
+            )
         self.checkpoint_store = checkpoint_store
         self.max_turns = max_turns
         self._claims = isinstance(checkpoint_store, ClaimingCheckpointStore)
@@ -242,8 +249,10 @@ class Runtime:
             run_id=new_id("run"),
             messages=messages,
             transcript=list(messages),
-            options=_EMPTY if options is None else dict(options),
-            metadata=_EMPTY if metadata is None else dict(metadata),
+            # Each run gets its own copies, so nothing one run (or its model adapter)
+            # does to them reaches another run or the caller's dicts.
+            options=MappingProxyType({} if options is None else dict(options)),
+            metadata={} if metadata is None else dict(metadata),
             usage=Usage(),
             turns=0,
             emit=emit,

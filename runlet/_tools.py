@@ -14,7 +14,6 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._messages import ToolCall, ToolResult
 
 __all__ = ["Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -148,7 +147,10 @@ class ToolSpec:
     _definition: ToolDefinition = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.timeout is not None and not self.timeout > 0:
+        timeout = self.timeout
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout > 0  # bool is not a number here
+        ):
             raise ConfigurationError(
                 f"Tool {self.name!r}: timeout must be a positive number of seconds or None, "
                 f"not {self.timeout!r}."
@@ -238,8 +240,3 @@ def _where(path: Any) -> str:
     if not parts:
         return ""
     return "at " + "".join(f"[{p!r}]" for p in parts) + ": "
-
-
-def error_result(call: ToolCall, text: str) -> ToolResult:
-    """An error result for *call*."""
-    return ToolResult(call.id, text, True)

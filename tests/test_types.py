@@ -45,7 +45,7 @@ class TestMessage:
         assert Message.tool(result) == Message("tool", "done", (), result)
 
     def test_role_is_checked(self) -> None:
-        with pytest.raises(ValueError, match="role must be one of"):
+        with pytest.raises(ConfigurationError, match="role must be one of"):
             Message("robot", "hi")  # type: ignore[arg-type]
 
     def test_messages_are_frozen(self) -> None:
@@ -88,10 +88,14 @@ class TestToolSpec:
         with pytest.raises(ConfigurationError, match="callable handler"):
             ToolSpec("t", "d", {}, "handler")  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("timeout", [0, -1.0])
-    def test_timeout_must_be_positive(self, timeout: float) -> None:
-        with pytest.raises(ConfigurationError, match="timeout"):
+    @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "5", True, [1]])
+    def test_timeout_must_be_a_positive_number(self, timeout: Any) -> None:
+        with pytest.raises(ConfigurationError, match="timeout must be a positive number"):
             ToolSpec("t", "d", {}, noop, timeout=timeout)
+
+    @pytest.mark.parametrize("timeout", [None, 1, 0.5])
+    def test_usable_timeouts(self, timeout: float | None) -> None:
+        assert timeout == ToolSpec("t", "d", {}, noop, timeout=timeout).timeout
 
     async def test_validator_is_compiled_once_not_per_call(
         self, monkeypatch: pytest.MonkeyPatch
@@ -112,6 +116,41 @@ class TestToolSpec:
         assert compiled == 1
 
 
+class SyncModel:
+    def complete(self, request: ModelRequest) -> Any:
+        raise AssertionError("not called")  # pragma: no cover
+
+
+class TestRuntime:
+    class SyncStore:
+        def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+        def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+        def delete(self, checkpoint_id: str) -> None: ...  # pragma: no cover
+
+    class NoDelete:
+        async def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+        async def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+    @pytest.mark.parametrize("store", ["oops", {}, SyncStore(), NoDelete()])
+    def test_store_must_have_async_save_load_and_delete(self, store: Any) -> None:
+        with pytest.raises(ConfigurationError, match="checkpoint_store must be a CheckpointStore"):
+            Runtime(checkpoint_store=store)
+
+    def test_a_store_of_your_own_is_accepted(self) -> None:
+        class Store:
+            async def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+            async def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+            async def delete(self, checkpoint_id: str) -> None: ...  # pragma: no cover
+
+        store = Store()
+        assert Runtime(checkpoint_store=store).checkpoint_store is store  # type: ignore[arg-type]
+
+
 class TestAgent:
     def test_duplicate_tool_names_are_refused(self) -> None:
         spec = ToolSpec("t", "d", {}, noop)
@@ -121,6 +160,22 @@ class TestAgent:
     def test_tools_must_be_toolspecs(self) -> None:
         with pytest.raises(ConfigurationError, match="must be ToolSpec"):
             Agent("a", "i", ScriptedModel([]), ("t",))  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("model", [None, "gpt", object(), SyncModel()])
+    def test_model_must_have_an_async_complete(self, model: Any) -> None:
+        with pytest.raises(ConfigurationError, match="async def complete"):
+            Agent("a", "i", model)
+
+    def test_a_callable_object_with_an_async_call_is_a_complete_method(self) -> None:
+        class Complete:
+            async def __call__(self, request: ModelRequest) -> Any:
+                raise AssertionError("not called")  # pragma: no cover
+
+        class Model:
+            complete = Complete()
+
+        model = Model()
+        assert Agent("a", "i", model).model is model  # type: ignore[arg-type]
 
     def test_tool_lookup_and_tuple_conversion(self) -> None:
         spec = ToolSpec("t", "d", {}, noop)
@@ -158,16 +213,18 @@ class TestScriptedModel:
 
     async def test_unusable_script_items(self) -> None:
         model = ScriptedModel([42])  # type: ignore[list-item]
-        with pytest.raises(runlet.ModelError, match="must be a str, ToolCall"):
+        with pytest.raises(runlet.ModelResponseError, match="must be a str, ToolCall") as caught:
             await Runtime().run(Agent("a", "i", model), "hi")
+        assert caught.value.__cause__ is None  # raised by the script, not wrapped
 
     def test_call_helper(self) -> None:
         assert call("t", {"a": 1}, b=2, id="x") == ToolCall("x", "t", {"a": 1, "b": 2})
         assert call("t").id != call("t").id
 
-    def test_chunk_size_must_be_positive(self) -> None:
-        with pytest.raises(ValueError, match="chunk_size"):
-            ScriptedModel([], chunk_size=0)
+    @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, "2"])
+    def test_chunk_size_must_be_a_positive_int(self, chunk_size: Any) -> None:
+        with pytest.raises(ConfigurationError, match="chunk_size must be a positive"):
+            ScriptedModel([], chunk_size=chunk_size)
 
 
 class TestPublicSurface:

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, Union
 
-from .._errors import ModelError
+from .._errors import ConfigurationError, ModelError, ModelResponseError
 from .._messages import Message, ToolCall, Usage
 from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
 
@@ -49,6 +49,9 @@ class ScriptedModel:
 
     Attributes:
         requests: Every :class:`~runlet.ModelRequest` received, in order.
+
+    Raises:
+        ConfigurationError: *chunk_size* is not a positive int.
     """
 
     def __init__(
@@ -58,8 +61,10 @@ class ScriptedModel:
         usage: Usage = Usage(requests=1),
         chunk_size: int | None = None,
     ) -> None:
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError("chunk_size must be a positive number of characters.")
+        if chunk_size is not None and (type(chunk_size) is not int or chunk_size < 1):
+            raise ConfigurationError(
+                f"chunk_size must be a positive number of characters or None, not {chunk_size!r}."
+            )
         self._function: Callable[[ModelRequest], Any] | None = None
         self._script: list[ScriptItem] = []
         if callable(script):
@@ -81,6 +86,7 @@ class ScriptedModel:
 
         Raises:
             ScriptExhaustedError: The script has no answer left.
+            ModelResponseError: The script's item is not a usable answer.
         """
         self.requests.append(request)
         if self._function is not None:
@@ -142,7 +148,7 @@ class ScriptedModel:
             return ModelResponse(Message("assistant", "", (item,)), self._usage)
         if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
             return ModelResponse(Message("assistant", "", tuple(item)), self._usage)
-        raise TypeError(
+        raise ModelResponseError(
             f"A ScriptedModel answer must be a str, ToolCall, list of ToolCall, Message or "
-            f"ModelResponse, not {type(item).__name__}."
+            f"ModelResponse, not {type(item).__name__}; fix that item of the script."
         )
