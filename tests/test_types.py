@@ -11,6 +11,7 @@ import jsonschema_rs
 import pytest
 
 import runlet
+import runlet.testing
 from runlet import (
     Agent,
     ConfigurationError,
@@ -227,6 +228,11 @@ class TestScriptedModel:
             ScriptedModel([], chunk_size=chunk_size)
 
 
+def isort_style(name: str) -> tuple[int, str]:
+    """Constants first, then classes, then functions, each in code-point order."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
 class TestPublicSurface:
     def test_every_public_name_is_exported_documented_and_says_runlet(self) -> None:
         for name in runlet.__all__:
@@ -240,6 +246,13 @@ class TestPublicSurface:
     def test_all_is_sorted_and_complete(self) -> None:
         public = {n for n in dir(runlet) if not n.startswith("_")}
         assert set(runlet.__all__) == public - {"testing", "providers", "demo"}
+        assert sorted(runlet.__all__, key=isort_style) == runlet.__all__
+        assert len(set(runlet.__all__)) == len(runlet.__all__)
+
+    def test_testing_all_is_sorted_and_complete(self) -> None:
+        public = {n for n in dir(runlet.testing) if not n.startswith("_")}
+        assert set(runlet.testing.__all__) == public - {"annotations"}
+        assert sorted(runlet.testing.__all__, key=isort_style) == runlet.testing.__all__
 
     def test_errors_form_one_tree(self) -> None:
         for name in runlet.__all__:
