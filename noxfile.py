@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import os
+import runpy
+from pathlib import Path
 
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 BACKENDS = ["asyncio", "trio"]
 
-nox.options.sessions = ["tests", "coverage", "lint", "types", "docs", "bench_smoke"]
+nox.options.sessions = [
+    "tests",
+    "tests_lowest",
+    "coverage",
+    "lint",
+    "types",
+    "docs",
+    "bench_smoke",
+]
 nox.options.reuse_existing_virtualenvs = True
 # On CI a missing interpreter is a failure, not a skip.
 nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
@@ -31,6 +41,18 @@ def tests(session: nox.Session, backend: str) -> None:
             "COVERAGE_FILE": f".coverage.{session.python}-{backend}",
         },
     )
+
+
+@nox.session(python=["3.10", "3.13"])
+def tests_lowest(session: nox.Session) -> None:
+    """Run the test suite on both event loops with every runtime dependency (and the http
+    and trio extras) at the lowest version pyproject.toml allows."""
+    read = runpy.run_path(".ci/lowest_constraints.py")["read"]
+    constraints = Path(session.create_tmp()) / "lowest-constraints.txt"
+    constraints.write_text("\n".join(read(Path("pyproject.toml"))) + "\n")
+    session.log("Constraints:\n" + constraints.read_text())
+    session.install("-c", str(constraints), "-e", ".[tests]")
+    session.run("python", "-m", "pytest", *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -59,7 +81,7 @@ def types(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning or broken reference fails."""
-    session.install("-e", ".[docs,http]")
+    session.install("-e", ".[docs]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )
