@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import runpy
 from pathlib import Path
 
@@ -80,11 +81,27 @@ def types(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
-    """Build the Sphinx docs; any warning or broken reference fails."""
+    """Build the Sphinx docs; any warning or broken reference fails, and so does an API
+    reference that shows internals (see ``api_page_problems``)."""
     session.install("-e", ".[docs]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )
+    problems = api_page_problems(Path("docs/_build/html/api.html").read_text(encoding="utf-8"))
+    if problems:
+        session.error("The API reference is wrong: " + "; ".join(problems))
+
+
+def api_page_problems(html: str) -> list[str]:
+    """What the built API page shows that users must not see: private members, and
+    ``@asynccontextmanager`` methods with their generator's return type."""
+    text = re.sub(r"<[^>]+>", "", html)
+    problems = [
+        f"{name} is private" for name in re.findall(r'id="(runlet\.[\w.]*\._[a-z]\w*)"', html)
+    ]
+    if "AsyncIterator[AsyncIterator[" in text:
+        problems.append("a stream() shows AsyncIterator[AsyncIterator[...]], not a context manager")
+    return problems
 
 
 @nox.session(python="3.11")

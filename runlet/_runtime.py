@@ -98,9 +98,13 @@ class Runtime:
             checkpoint to resume.
 
         Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent`.
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message``.
             ModelError: The model adapter failed.
             MaxTurnsExceededError: The run made too many model requests.
             CheckpointStoreRequiredError: A call needs a person and there is no store.
+            CheckpointSerializationError: The store could not save the checkpoint (when
+                it writes JSON, for instance); other errors from the store propagate.
         """
         return await self._loop.drive(self._start(agent, input, options, metadata, None))
 
@@ -123,6 +127,11 @@ class Runtime:
         Leaving the ``async with`` block early (``break``, an exception, cancellation)
         stops the run: the model stream is closed and running tools are cancelled
         before the block exits.
+
+        Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent` (at once).
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message`` (at
+                once). The errors of :meth:`run` are raised while iterating.
         """
         run = self._start(agent, input, options, metadata, None)
         return RunStream(self._loop, run)

@@ -162,3 +162,9 @@ def test_ci_runs_the_lowest_versions_session() -> None:
     sessions = noxfile.split("nox.options.sessions = [", 1)[1].split("]", 1)[0]
     assert '"tests_lowest"' in sessions
     assert "def tests_lowest(" in noxfile
+
+
+def test_coverage_settings_name_only_files_that_exist() -> None:
+    run = pyproject()["tool"]["coverage"]["run"]
+    for pattern in run.get("omit", []):
+        assert list(ROOT.glob(pattern)), f"coverage omits {pattern}, which does not exist"

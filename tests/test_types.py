@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,6 +219,20 @@ class TestScriptedModel:
         with pytest.raises(runlet.ModelResponseError, match="must be a str, ToolCall") as caught:
             await Runtime().run(Agent("a", "i", model), "hi")
         assert caught.value.__cause__ is None  # raised by the script, not wrapped
+
+    async def test_stream_is_annotated_and_used_as_an_async_context_manager(self) -> None:
+        hints = typing.get_type_hints(ScriptedModel.stream)
+        assert contextlib.AbstractAsyncContextManager is typing.get_origin(hints["return"])
+        model = ScriptedModel(["Hi."])
+        assert isinstance(model, runlet.StreamingModel)
+
+        manager = model.stream(ModelRequest("i", (Message.user("x"),), (), {}))
+
+        assert isinstance(manager, contextlib.AbstractAsyncContextManager)
+        async with manager as items:
+            got = [item async for item in items]
+        answer = runlet.ModelResponse(Message.assistant("Hi."), Usage(requests=1))
+        assert [runlet.TextDelta("Hi."), answer] == got
 
     def test_call_helper(self) -> None:
         assert call("t", {"a": 1}, b=2, id="x") == ToolCall("x", "t", {"a": 1, "b": 2})

@@ -6,7 +6,7 @@ import inspect
 import itertools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, Union
 
 from .._errors import ConfigurationError, ModelError, ModelResponseError
@@ -105,10 +105,22 @@ class ScriptedModel:
             item = await item
         return self._response(item)
 
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelStreamItem]]:
+        """Stream the next scripted answer: use as ``async with model.stream(request) as
+        items: async for item in items: ...``. The items are text deltas, tool-call deltas
+        (arguments cut into ``chunk_size`` pieces), then the complete
+        :class:`~runlet.ModelResponse`.
+
+        Raises:
+            ScriptExhaustedError: On entering, when the script has no answer left.
+            ModelResponseError: On entering, when the script's item is not a usable answer.
+        """
+        return self._stream(request)
+
     @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
-        """Stream the next scripted answer: text deltas, tool-call deltas (arguments cut
-        into ``chunk_size`` pieces), then the complete :class:`~runlet.ModelResponse`."""
+    async def _stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
         response = await self.complete(request)
         # Closed here, not by the garbage collector, so a stream left early (a break,
         # an error, a cancellation) leaves no suspended generator behind.
