@@ -214,9 +214,27 @@ class TestScriptedModel:
         with pytest.raises(runlet.ModelError, match="no answer left for request 2"):
             await Runtime().run(Agent("a", "i", model), "again")
 
-    async def test_unusable_script_items(self) -> None:
-        model = ScriptedModel([42])  # type: ignore[list-item]
-        with pytest.raises(runlet.ModelResponseError, match="must be a str, ToolCall") as caught:
+    @pytest.mark.parametrize(
+        ("script", "message"),
+        [
+            ([42], "Script item 1: got int; an answer must be a str, ToolCall"),
+            (["ok", [call("t"), "x"]], "Script item 2: got list"),
+            ("Hello.", "must be a list of answers or a function of the request, not a str"),
+            (42, "must be a list of answers or a function"),
+        ],
+    )
+    def test_unusable_scripts_are_refused_at_construction(self, script: Any, message: str) -> None:
+        with pytest.raises(ConfigurationError, match=message):
+            ScriptedModel(script)
+
+    def test_usage_must_be_a_usage(self) -> None:
+        with pytest.raises(ConfigurationError, match="usage must be a Usage"):
+            ScriptedModel([], usage=3)  # type: ignore[arg-type]
+
+    async def test_unusable_answers_from_a_function_are_a_model_response_error(self) -> None:
+        model = ScriptedModel([lambda request: 42])
+        expected = "function in the script returned int"
+        with pytest.raises(runlet.ModelResponseError, match=expected) as caught:
             await Runtime().run(Agent("a", "i", model), "hi")
         assert caught.value.__cause__ is None  # raised by the script, not wrapped
 

@@ -51,7 +51,9 @@ class ScriptedModel:
         requests: Every :class:`~runlet.ModelRequest` received, in order.
 
     Raises:
-        ConfigurationError: *chunk_size* is not a positive int.
+        ConfigurationError: The script is neither a list nor a function, one of its items
+            is not a usable answer, *usage* is not a :class:`~runlet.Usage`, or
+            *chunk_size* is not a positive int.
     """
 
     def __init__(
@@ -65,12 +67,22 @@ class ScriptedModel:
             raise ConfigurationError(
                 f"chunk_size must be a positive number of characters or None, not {chunk_size!r}."
             )
+        if not isinstance(usage, Usage):
+            raise ConfigurationError(f"usage must be a Usage, not {type(usage).__name__}.")
         self._function: Callable[[ModelRequest], Any] | None = None
         self._script: list[ScriptItem] = []
         if callable(script):
             self._function = script
+        elif isinstance(script, (str, bytes)) or not isinstance(script, Iterable):
+            raise ConfigurationError(
+                f"A ScriptedModel script must be a list of answers or a function of the "
+                f"request, not a {type(script).__name__}: write ScriptedModel([...])."
+            )
         else:
             self._script = list(script)
+        for number, item in enumerate(self._script, 1):
+            if not callable(item) and _answer_problem(item) is not None:
+                raise ConfigurationError(f"Script item {number}: {_answer_problem(item)}.")
         self._usage = usage
         self.chunk_size = chunk_size
         self.requests: list[ModelRequest] = []
@@ -86,7 +98,7 @@ class ScriptedModel:
 
         Raises:
             ScriptExhaustedError: The script has no answer left.
-            ModelResponseError: The script's item is not a usable answer.
+            ModelResponseError: A function in the script returned an unusable answer.
         """
         self.requests.append(request)
         if self._function is not None:
@@ -115,7 +127,8 @@ class ScriptedModel:
 
         Raises:
             ScriptExhaustedError: On entering, when the script has no answer left.
-            ModelResponseError: On entering, when the script's item is not a usable answer.
+            ModelResponseError: On entering, when a function in the script returned an
+                unusable answer.
         """
         return self._stream(request)
 
@@ -161,6 +174,17 @@ class ScriptedModel:
         if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
             return ModelResponse(Message("assistant", "", tuple(item)), self._usage)
         raise ModelResponseError(
-            f"A ScriptedModel answer must be a str, ToolCall, list of ToolCall, Message or "
-            f"ModelResponse, not {type(item).__name__}; fix that item of the script."
+            f"A function in the script returned {type(item).__name__}; {_ANSWERS}; fix it."
         )
+
+
+def _answer_problem(item: object) -> str | None:
+    """What is wrong with *item* as a scripted answer; ``None`` when it is usable."""
+    if isinstance(item, (ModelResponse, Message, str, ToolCall)):
+        return None
+    if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
+        return None
+    return f"got {type(item).__name__}; {_ANSWERS}"
+
+
+_ANSWERS = "an answer must be a str, ToolCall, list of ToolCall, Message or ModelResponse"
