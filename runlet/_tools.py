@@ -227,12 +227,17 @@ class ToolSpec:
     async def _call(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
         if self._is_async:
             return await self.handler(arguments, context)
-        value = await anyio.to_thread.run_sync(
-            self.handler, arguments, context, abandon_on_cancel=True
+        # Boxed, because trio refuses a worker-thread function that returns a coroutine.
+        [value] = await anyio.to_thread.run_sync(
+            _boxed, self.handler, arguments, context, abandon_on_cancel=True
         )
         if inspect.isawaitable(value):
             return await value
         return value
+
+
+def _boxed(handler: Handler, arguments: Mapping[str, Any], context: ToolContext) -> list[Any]:
+    return [handler(arguments, context)]
 
 
 def _where(path: Any) -> str:

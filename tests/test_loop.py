@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -137,6 +138,26 @@ class TestRun:
         model = ScriptedModel([call("obj", id="c1"), "ok"])
         result = await Runtime().run(agent(model, tool("obj", Handler())), "go")
         assert tool_messages(result.transcript) == [ToolResult("c1", "awaited")]
+
+    async def test_plain_function_returning_an_awaitable_is_awaited(self) -> None:
+        async def later() -> str:
+            return "awaited"
+
+        def handler(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+            return later()
+
+        model = ScriptedModel([call("lazy", id="c1"), "ok"])
+        result = await Runtime().run(agent(model, tool("lazy", handler)), "go")
+        assert tool_messages(result.transcript) == [ToolResult("c1", "awaited")]
+
+    async def test_read_only_mapping_arguments_are_validated_like_a_dict(self) -> None:
+        arguments = MappingProxyType({"a": 2, "b": 3})
+        model = ScriptedModel([ToolCall("c1", "add", arguments), "ok"])
+        result = await Runtime().run(agent(model, tool("add", add, ADD_SCHEMA)), "go")
+        assert tool_messages(result.transcript) == [ToolResult("c1", "5")]
+
+    def test_repr_shows_the_settings(self) -> None:
+        assert "Runtime(checkpoint_store=None, max_turns=7)" == repr(Runtime(max_turns=7))
 
     async def test_usage_adds_up_over_turns(self) -> None:
         model = ScriptedModel(
