@@ -6,6 +6,7 @@ import math
 import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import attrs
@@ -90,9 +91,13 @@ class Checkpoint:
 _JSON_SCALARS = (str, int, bool, type(None))
 
 
-def _check_json(value: object, path: str) -> None:
+def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) -> None:
     """Raise if *value* is not something ``json.dumps`` writes and ``json.loads`` reads
-    back unchanged (apart from tuples, which come back as lists)."""
+    back unchanged (apart from tuples, which come back as lists).
+
+    *_outer* maps the ids of the containers that hold *value* to their paths, so a
+    container that holds itself is reported instead of recursing without end.
+    """
     if isinstance(value, _JSON_SCALARS):
         return
     if isinstance(value, float):
@@ -102,8 +107,18 @@ def _check_json(value: object, path: str) -> None:
                 path=path,
             )
         return
-    # Only real dicts: json.dumps cannot write other mappings.
-    if isinstance(value, dict):
+    outer = {} if _outer is None else _outer
+    if id(value) in outer:
+        raise CheckpointSerializationError(
+            f"{path} is {outer[id(value)]} itself: a value that contains itself cannot be "
+            "written as JSON. Store a copy, or an id, instead of the reference back.",
+            path=path,
+        )
+    # Only real dicts: json.dumps cannot write other mappings. A run's own options are a
+    # read-only view of a dict, which the converter writes as a dict; such a view is
+    # accepted where the check starts, never nested inside the data.
+    if isinstance(value, dict) or (_outer is None and type(value) is MappingProxyType):
+        outer[id(value)] = path
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CheckpointSerializationError(
@@ -111,11 +126,14 @@ def _check_json(value: object, path: str) -> None:
                     "must be strings.",
                     path=path,
                 )
-            _check_json(item, f"{path}[{key!r}]")
+            _check_json(item, f"{path}[{key!r}]", outer)
+        del outer[id(value)]
         return
     if isinstance(value, (list, tuple)):
+        outer[id(value)] = path
         for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]")
+            _check_json(item, f"{path}[{index}]", outer)
+        del outer[id(value)]
         return
     raise CheckpointSerializationError(
         f"{path} is a {type(value).__name__}, which is not JSON-compatible. Checkpoints "
@@ -239,8 +257,9 @@ def _structure_datetime(value: Any, _: Any) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
-def _passthrough(value: Any) -> Any:
-    return value
+def _unstructure_json_object(value: Mapping[str, Any]) -> dict[str, Any]:
+    # A run's options are a read-only view; JSON and stores want the dict itself.
+    return value if type(value) is dict else dict(value)
 
 
 def _structure_json_object(value: Any, _: Any) -> Any:
@@ -290,7 +309,7 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter = cattrs.Converter(
         omit_if_default=True, forbid_extra_keys=True, detailed_validation=detailed
     )
-    converter.register_unstructure_hook_func(_is_json_mapping, _passthrough)
+    converter.register_unstructure_hook_func(_is_json_mapping, _unstructure_json_object)
     converter.register_structure_hook_func(_is_json_mapping, _structure_json_object)
     for type_ in (str, int, bool):
         converter.register_structure_hook(type_, _exactly(type_))

@@ -7,7 +7,7 @@ these: it always propagates as the event loop's own cancellation exception.
 The tree::
 
     RunletError
-    ├── ConfigurationError            a ToolSpec, Agent or Runtime is set up wrongly
+    ├── ConfigurationError            a ToolSpec, Agent, Runtime or Message is built wrongly
     │   └── CheckpointStoreRequiredError   a run must interrupt, but there is no store
     ├── ModelError                    the model adapter failed
     │   ├── ModelResponseError        it answered with something unusable
@@ -68,9 +68,12 @@ class RunletError(Exception):
 
 
 class ConfigurationError(RunletError):
-    """Raised when a :class:`~runlet.ToolSpec`, :class:`~runlet.Agent` or
-    :class:`~runlet.Runtime` is built with values that cannot work, such as an invalid
-    JSON Schema or two tools with the same name."""
+    """Raised when a :class:`~runlet.ToolSpec`, :class:`~runlet.Agent`,
+    :class:`~runlet.Runtime`, :class:`~runlet.Message` or
+    :class:`~runlet.testing.ScriptedModel` is built with values that cannot work, such as
+    an invalid JSON Schema, two tools with the same name, a model without an async
+    ``complete`` method, or an unknown message role. It is raised at construction, before
+    anything runs."""
 
 
 class CheckpointStoreRequiredError(ConfigurationError):

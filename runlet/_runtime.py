@@ -4,14 +4,14 @@ loop and the resume bookkeeping."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._agent import Agent
+from ._agent import Agent, is_async_method
 from ._errors import (
     CheckpointStoreRequiredError,
     ConfigurationError,
@@ -33,8 +33,6 @@ STREAM_BUFFER_SIZE = 64
 yet. When the buffer is full the run waits for the consumer, so a slow consumer slows
 the run down instead of making it buffer without bound."""
 
-_EMPTY: Mapping[str, Any] = {}
-
 
 class Runtime:
     """Runs agents: drives the model → tool call → tool result loop, stops for a person
@@ -52,7 +50,8 @@ class Runtime:
             a fake clock to move time without sleeping.
 
     Raises:
-        ConfigurationError: *max_turns* is not a positive integer, or *clock* is not
+        ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
+            ``delete`` method, *max_turns* is not a positive integer, or *clock* is not
             callable.
     """
 
@@ -70,6 +69,14 @@ class Runtime:
         if clock is not None and not callable(clock):
             raise ConfigurationError(
                 f"clock must be a function returning an aware UTC datetime, not {clock!r}."
+            )
+        if checkpoint_store is not None and not all(
+            is_async_method(checkpoint_store, name) for name in ("save", "load", "delete")
+        ):
+            raise ConfigurationError(
+                "checkpoint_store must be a CheckpointStore, an object with async save(), "
+                f"load() and delete() methods; got {type(checkpoint_store).__name__}. Use "
+                "InMemoryCheckpointStore() or a store of your own."
             )
         self.checkpoint_store = checkpoint_store
         self.max_turns = max_turns
@@ -102,9 +109,13 @@ class Runtime:
             checkpoint to resume.
 
         Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent`.
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message``.
             ModelError: The model adapter failed.
             MaxTurnsExceededError: The run made too many model requests.
             CheckpointStoreRequiredError: A call needs a person and there is no store.
+            CheckpointSerializationError: The store could not save the checkpoint (when
+                it writes JSON, for instance); other errors from the store propagate.
         """
         return await self._loop.drive(self._start(agent, input, options, metadata, None))
 
@@ -127,6 +138,11 @@ class Runtime:
         Leaving the ``async with`` block early (``break``, an exception, cancellation)
         stops the run: the model stream is closed and running tools are cancelled
         before the block exits.
+
+        Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent` (at once).
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message`` (at
+                once). The errors of :meth:`run` are raised while iterating.
         """
         run = self._start(agent, input, options, metadata, None)
         loop = self._loop
@@ -276,8 +292,10 @@ class Runtime:
             run_id=new_id("run"),
             messages=messages,
             transcript=list(messages),
-            options=_EMPTY if options is None else dict(options),
-            metadata=_EMPTY if metadata is None else dict(metadata),
+            # Each run gets its own copies, so nothing one run (or its model adapter)
+            # does to them reaches another run or the caller's dicts.
+            options=MappingProxyType({} if options is None else dict(options)),
+            metadata={} if metadata is None else dict(metadata),
             usage=Usage(),
             turns=0,
             emit=emit,

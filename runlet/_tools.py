@@ -14,7 +14,6 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._messages import ToolCall, ToolResult
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -181,7 +180,10 @@ class ToolSpec:
     _gate: bool | ApprovalPolicy = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.timeout is not None and not self.timeout > 0:
+        timeout = self.timeout
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout > 0  # bool is not a number here
+        ):
             raise ConfigurationError(
                 f"Tool {self.name!r}: timeout must be a positive number of seconds or None, "
                 f"not {self.timeout!r}."
@@ -313,12 +315,17 @@ class ToolSpec:
     async def _call(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
         if self._is_async:
             return await self.handler(arguments, context)
-        value = await anyio.to_thread.run_sync(
-            self.handler, arguments, context, abandon_on_cancel=True
+        # Boxed, because trio refuses a worker-thread function that returns a coroutine.
+        [value] = await anyio.to_thread.run_sync(
+            _boxed, self.handler, arguments, context, abandon_on_cancel=True
         )
         if inspect.isawaitable(value):
             return await value
         return value
+
+
+def _boxed(handler: Handler, arguments: Mapping[str, Any], context: ToolContext) -> list[Any]:
+    return [handler(arguments, context)]
 
 
 def _where(path: Any) -> str:
@@ -326,8 +333,3 @@ def _where(path: Any) -> str:
     if not parts:
         return ""
     return "at " + "".join(f"[{p!r}]" for p in parts) + ": "
-
-
-def error_result(call: ToolCall, text: str) -> ToolResult:
-    """An error result for *call*."""
-    return ToolResult(call.id, text, True)

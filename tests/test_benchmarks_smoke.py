@@ -51,8 +51,9 @@ async def test_w2_parallel_tools() -> None:
     assert [str(k + 1) for k in range(8)] == checks["runlet_tool_results"]
     found = figures(outcome)
     assert 10.0 == found["w2_ms_per_run_vs_ideal"].ideal
-    # Eight 10 ms calls run concurrently, or a run would take 80 ms.
-    assert min(found["w2_ms_per_run"].runlet) < 80
+    assert {"w2_ms_per_run_vs_ideal", "w2_ms_per_run"} == set(found)
+    # That the calls overlap is tested without a clock in test_loop.py
+    # (test_calls_in_one_message_overlap_in_time); tests never assert on time.
 
 
 async def test_w3_human_round_trip() -> None:
