@@ -89,6 +89,7 @@ class Checkpoint:
 
 
 _JSON_SCALARS = (str, int, bool, type(None))
+_PLAIN = frozenset(_JSON_SCALARS)
 
 
 def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) -> None:
@@ -126,13 +127,15 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
                     "must be strings.",
                     path=path,
                 )
-            _check_json(item, f"{path}[{key!r}]", outer)
+            if type(item) not in _PLAIN:  # plain scalars need no call (nor a path)
+                _check_json(item, f"{path}[{key!r}]", outer)
         del outer[id(value)]
         return
     if isinstance(value, (list, tuple)):
         outer[id(value)] = path
         for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]", outer)
+            if type(item) not in _PLAIN:
+                _check_json(item, f"{path}[{index}]", outer)
         del outer[id(value)]
         return
     raise CheckpointSerializationError(
