@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +37,9 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
 
+if TYPE_CHECKING:
+    from ._tracing import RunTrace
+
 Emit = Callable[[StreamEvent], Awaitable[None]]
 
 
@@ -56,6 +59,7 @@ class RunState:
         "metadata",
         "options",
         "run_id",
+        "trace",
         "transcript",
         "turns",
         "usage",
@@ -84,6 +88,7 @@ class RunState:
         self.usage = usage
         self.turns = turns
         self.emit = emit
+        self.trace: RunTrace | None = None  # set by _tracing when the run is traced
 
 
 class Loop:
@@ -101,6 +106,7 @@ class Loop:
         agent = run.agent
         definitions = agent._definitions
         emit = run.emit
+        trace = run.trace
         while True:
             if run.turns >= self.max_turns:
                 raise MaxTurnsExceededError(
@@ -113,7 +119,10 @@ class Loop:
             request = ModelRequest(
                 agent.instructions, tuple(run.transcript), definitions, run.options
             )
-            response = await _ask(agent.model, request, emit)
+            if trace is None:
+                response = await _ask(agent.model, request, emit)
+            else:
+                response = await trace.chat(_ask, agent.model, request, emit)
             message = response.message
             run.transcript.append(message)
             run.usage = run.usage + response.usage
@@ -147,6 +156,8 @@ class Loop:
             problem = _unknown_tool(call, agent) if tool is None else _check_call(call, tool)
             if problem is not None:
                 result = results[call.id] = ToolResult(call.id, problem, True)
+                if run.trace is not None:
+                    run.trace.refused_call(call, problem, tool is not None)
                 if emit is not None:
                     await emit(ToolCallStarted(call))
                     await emit(ToolCallFinished(call, result))
@@ -201,6 +212,8 @@ class Loop:
             turns=run.turns,
         )
         await store.save(checkpoint)
+        if run.trace is not None:
+            run.trace.interrupted(request, checkpoint.id)
         if run.emit is not None:
             await run.emit(Interrupted(request, checkpoint.id))
         return RunResult(
@@ -221,7 +234,11 @@ async def run_tool(
     if emit is not None:
         await emit(ToolCallStarted(call))
     context = ToolContext(run.run_id, call.id, run.agent.name, run.context_metadata, call.name)
-    content, is_error = await tool._invoke(arguments, context)
+    trace = run.trace
+    if trace is None:
+        content, is_error = await tool._invoke(arguments, context)
+    else:
+        content, is_error = await trace.tool(tool, call, arguments, context)
     result = ToolResult(call.id, content, is_error)
     if emit is not None:
         await emit(ToolCallFinished(call, result))

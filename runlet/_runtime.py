@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -25,6 +25,10 @@ from ._loop import Emit, Loop, RunState, edited_result, new_id, run_tool
 from ._messages import Message, ToolResult, Usage
 from ._result import RunResult
 from ._store import CheckpointStore, ClaimingCheckpointStore, InMemoryCheckpointStore
+from ._tracing import RunTrace, Tracing, resume_span, run_span
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -47,15 +51,28 @@ class Runtime:
             stop for a person raises :class:`~runlet.CheckpointStoreRequiredError`.
         max_turns: The most model requests one run may make (across resumes) before it
             fails with :class:`~runlet.MaxTurnsExceededError`.
+        tracer_provider: An OpenTelemetry tracer provider for this runtime's spans
+            (needs ``runlet[otel]``). Without one, runs are traced with the global
+            provider once the application has set one, and not at all before; see
+            :doc:`tracing`.
+        trace_content: Whether spans record message contents (instructions, messages,
+            tool arguments and results, the person's answers). ``None`` (the default)
+            follows the ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+            environment variable, off unless it is ``true``.
 
     Raises:
         ConfigurationError: *max_turns* is not a positive integer.
     """
 
-    __slots__ = ("_claims", "_in_memory", "_loop", "checkpoint_store", "max_turns")
+    __slots__ = ("_claims", "_in_memory", "_loop", "_tracing", "checkpoint_store", "max_turns")
 
     def __init__(
-        self, checkpoint_store: CheckpointStore | None = None, *, max_turns: int = 50
+        self,
+        checkpoint_store: CheckpointStore | None = None,
+        *,
+        max_turns: int = 50,
+        tracer_provider: TracerProvider | None = None,
+        trace_content: bool | None = None,
     ) -> None:
         if type(max_turns) is not int or max_turns < 1:
             raise ConfigurationError(f"max_turns must be a positive int, not {max_turns!r}.")
@@ -64,6 +81,7 @@ class Runtime:
         self._claims = isinstance(checkpoint_store, ClaimingCheckpointStore)
         self._in_memory = type(checkpoint_store) is InMemoryCheckpointStore
         self._loop = Loop(checkpoint_store, max_turns)
+        self._tracing = Tracing(tracer_provider, trace_content)
 
     def __repr__(self) -> str:
         return f"Runtime(checkpoint_store={self.checkpoint_store!r}, max_turns={self.max_turns})"
@@ -95,7 +113,9 @@ class Runtime:
             MaxTurnsExceededError: The run made too many model requests.
             CheckpointStoreRequiredError: A call needs a person and there is no store.
         """
-        return await self._loop.drive(self._start(agent, input, options, metadata, None))
+        run = self._start(agent, input, options, metadata, None)
+        with run_span(self._tracing, run):
+            return await self._loop.drive(run)
 
     def stream(
         self,
@@ -118,7 +138,7 @@ class Runtime:
         before the block exits.
         """
         run = self._start(agent, input, options, metadata, None)
-        return RunStream(self._loop, run)
+        return RunStream(self._loop, run, self._tracing)
 
     async def resume(
         self, agent: Agent, *, checkpoint_id: str, response: HumanResponse
@@ -159,7 +179,8 @@ class Runtime:
         else:
             checkpoint = await store.load(checkpoint_id)
         try:
-            result = await self._continue(agent, checkpoint, response)
+            with resume_span(self._tracing, agent, checkpoint, response) as trace:
+                result = await self._continue(agent, checkpoint, response, trace)
         except BaseException:
             if self._claims:
                 with anyio.CancelScope(shield=True):
@@ -175,7 +196,11 @@ class Runtime:
         return result
 
     async def _continue(
-        self, agent: Agent, checkpoint: Checkpoint, response: HumanResponse
+        self,
+        agent: Agent,
+        checkpoint: Checkpoint,
+        response: HumanResponse,
+        trace: RunTrace | None = None,
     ) -> RunResult:
         request = checkpoint.request
         check_response(request, response)
@@ -193,6 +218,7 @@ class Runtime:
             turns=checkpoint.turns,
             emit=None,
         )
+        run.trace = trace
         action = response.action
         if action == "approve":
             edited = response.edited_arguments
@@ -284,11 +310,12 @@ class RunStream:
     :class:`~runlet.ModelError`), unwrapped.
     """
 
-    __slots__ = ("_error", "_group", "_loop", "_receive", "_result", "_run", "_send")
+    __slots__ = ("_error", "_group", "_loop", "_receive", "_result", "_run", "_send", "_tracing")
 
-    def __init__(self, loop: Loop, run: RunState) -> None:
+    def __init__(self, loop: Loop, run: RunState, tracing: Tracing) -> None:
         self._loop = loop
         self._run = run
+        self._tracing = tracing
         self._result: RunResult | None = None
         self._error: Exception | None = None
         self._group: TaskGroup | None = None
@@ -361,7 +388,8 @@ class RunStream:
     async def _produce(self, send: MemoryObjectSendStream[StreamEvent]) -> None:
         with send:
             try:
-                result = await self._loop.drive(self._run)
+                with run_span(self._tracing, self._run):
+                    result = await self._loop.drive(self._run)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer
                 self._error = exc
                 return
