@@ -62,7 +62,7 @@ autodoc_type_aliases["ScriptItem"] = "runlet.testing.ScriptItem"
 # and third-party packages are left unlinked instead of failing the nitpicky build.
 nitpick_ignore_regex = [
     ("py:.*", r"(collections\.abc|typing|typing_extensions|contextlib|types)\..*"),
-    ("py:.*", r"(anyio|attrs|cattrs|httpx)(\..*)?"),
+    ("py:.*", r"(anyio|attrs|cattrs|httpx|opentelemetry)(\..*)?"),
 ]
 
 

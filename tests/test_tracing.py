@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -786,3 +787,19 @@ async def test_the_global_provider_is_used_and_consulted_once_per_run(
     assert names.count("execute_tool get_weather") == 3
     await runtime.run(weather_agent(NamedModel(["Hi."])), "Hello")
     assert asked == 2
+
+
+# --- the documentation page -------------------------------------------------------------
+
+
+async def test_the_tracing_page_examples_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from test_docs import example_source, run_page
+
+    monkeypatch.delenv(CONTENT_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    namespace = await run_page("tracing.md")
+    assert namespace["result"].status == "completed"
+    assert len(namespace["exporter"].get_finished_spans()) == 2
+    assert example_source("tracing.md").count("assert ") >= 3
