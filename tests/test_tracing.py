@@ -732,19 +732,40 @@ async def test_expiry_and_cancel_helpers_record_the_checkpoint_and_run(
 # --- off, and deciding once per run -----------------------------------------------------
 
 
-async def test_without_a_configured_provider_runs_are_not_traced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    proxy = opentelemetry.trace.ProxyTracerProvider()
-    monkeypatch.setattr(opentelemetry.trace, "get_tracer_provider", lambda: proxy)
+@pytest.fixture(params=["direct", "public"])
+def global_provider(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Sets the global tracer provider for one test, through the slot the API keeps it in
+    (read directly by runs) or through ``get_tracer_provider()`` (the fallback), without
+    touching OpenTelemetry's set-once global."""
+    api = _tracing._load_api()
+    assert api is not None
+    direct = request.param == "direct"
+    monkeypatch.setattr(api, "direct", direct)
+    asked: list[None] = []
+
+    def set_provider(provider: Any) -> None:
+        if direct:
+            monkeypatch.setattr(opentelemetry.trace, "_TRACER_PROVIDER", provider)
+        else:
+
+            def get_tracer_provider() -> Any:
+                asked.append(None)
+                return opentelemetry.trace.ProxyTracerProvider() if provider is None else provider
+
+            monkeypatch.setattr(opentelemetry.trace, "get_tracer_provider", get_tracer_provider)
+
+    return SimpleNamespace(set=set_provider, asked=asked, direct=direct)
+
+
+async def test_without_a_configured_provider_runs_are_not_traced(global_provider: Any) -> None:
+    global_provider.set(None)
     agent = weather_agent(NamedModel(["Hi."]))
     runtime = Runtime()
     run = runtime._start(agent, "Hello", None, None, None)
     assert run_span(runtime._tracing, run) is _tracing._OFF
     assert run.trace is None
-    monkeypatch.setattr(
-        opentelemetry.trace, "get_tracer_provider", opentelemetry.trace.NoOpTracerProvider
-    )
+    assert (await runtime.run(agent, "Hello")).output == "Hi."
+    global_provider.set(opentelemetry.trace.NoOpTracerProvider())
     assert Tracing(None, None).tracer() is None
     with resume_span(Tracing(None, None), agent, None, None) as trace:  # type: ignore[arg-type]
         assert trace is None
@@ -752,7 +773,6 @@ async def test_without_a_configured_provider_runs_are_not_traced(
         assert trace is None
     with cancel_span(Tracing(None, None), "cp") as nothing:
         assert nothing is None
-    assert (await runtime.run(agent, "Hello")).output == "Hi."
 
 
 async def test_without_opentelemetry_installed_tracing_is_off(
@@ -768,25 +788,28 @@ async def test_without_opentelemetry_installed_tracing_is_off(
 
 
 async def test_the_global_provider_is_used_and_consulted_once_per_run(
-    monkeypatch: pytest.MonkeyPatch, provider: TracerProvider, exporter: InMemorySpanExporter
+    global_provider: Any, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    asked = 0
-
-    def get_tracer_provider() -> TracerProvider:
-        nonlocal asked
-        asked += 1
-        return provider
-
-    monkeypatch.setattr(opentelemetry.trace, "get_tracer_provider", get_tracer_provider)
-    runtime = Runtime()
+    runtime = Runtime()  # made before the application sets its provider
+    global_provider.set(provider)
     model = NamedModel([call("get_weather", city=c) for c in ("A", "B", "C")] + ["Done."])
     await runtime.run(weather_agent(model), "Go")
-    assert asked == 1
     names = [span.name for span in exporter.get_finished_spans()]
     assert names.count("chat scripted-1") == 4
     assert names.count("execute_tool get_weather") == 3
+    assert names.count("invoke_agent weather") == 1
     await runtime.run(weather_agent(NamedModel(["Hi."])), "Hello")
-    assert asked == 2
+    # Through the public call: one look per run, none per model request or tool call.
+    assert len(global_provider.asked) == (0 if global_provider.direct else 2)
+
+
+def test_a_provider_named_by_the_environment_is_loaded_through_the_public_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+    assert not _tracing._Api().direct
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER")
+    assert _tracing._Api().direct
 
 
 # --- the documentation page -------------------------------------------------------------
