@@ -123,14 +123,16 @@ class _Api:
         "Status",
         "StatusCode",
         "TraceFlags",
+        "context",
         "direct",
-        "otel",
+        "trace",
     )
 
     def __init__(self) -> None:
         from opentelemetry import context, trace
 
-        self.otel = (context, trace)
+        self.context = context
+        self.trace = trace
         # get_tracer_provider() looks the environment up on every call while no provider
         # is set (about 1.3 µs, 2 % of a W1 run that is not traced), so runs read the
         # provider it keeps instead. The public call stays the fallback: for another
@@ -173,12 +175,12 @@ class Tracing:
 
     def tracer(self) -> Tracer | None:
         """The tracer for a new run, or ``None`` when the run is not traced."""
-        api = _load_api()
+        api = _api or _load_api()
         if api is None:
             return None
         provider = self.provider
         if provider is None:
-            trace = api.otel[1]
+            trace = api.trace
             if api.direct:
                 provider = trace._TRACER_PROVIDER
                 if provider is None:
@@ -280,7 +282,7 @@ class RunTrace:
     # -- the run span ---------------------------------------------------------------------
 
     def __enter__(self) -> RunTrace:
-        context, trace = self._api.otel
+        context, trace = self._api.context, self._api.trace
         span = self.tracer.start_span(
             f"invoke_agent {self.agent.name}",
             kind=self._api.SpanKind.INTERNAL,
@@ -362,7 +364,7 @@ class RunTrace:
         span = self.tracer.start_span(
             name, self._parent, kind=api.SpanKind.CLIENT, attributes=attributes
         )
-        context, trace = api.otel
+        context, trace = api.context, api.trace
         token = context.attach(trace.set_span_in_context(span, self._parent))
         try:
             response = await ask(model, request, emit)
@@ -396,7 +398,7 @@ class RunTrace:
         span = self._tool_span(call, tool.description)
         if self.content:
             span.set_attribute(TOOL_ARGUMENTS, _dumps(arguments))
-        otel_context, trace = self._api.otel
+        otel_context, trace = self._api.context, self._api.trace
         token = otel_context.attach(trace.set_span_in_context(span, self._parent))
         try:
             content, is_error = await tool._invoke(arguments, context)
@@ -453,7 +455,7 @@ class RunTrace:
                 self._error(span, error_type, _describe(exc))
             span.end()
         finally:
-            self._api.otel[0].detach(token)
+            self._api.context.detach(token)
 
 
 # -- entry points for the runtime ---------------------------------------------------------
@@ -568,7 +570,7 @@ class _Span:
         self._token: Token[Context] | None = None
 
     def __enter__(self) -> None:
-        context, trace = self._api.otel
+        context, trace = self._api.context, self._api.trace
         self._span = self._tracer.start_span(
             self._name, attributes=self._attributes, links=self._links
         )
@@ -588,7 +590,7 @@ class _Span:
                 span.set_status(self._api.Status(self._api.StatusCode.ERROR, _describe(exc)))
             span.end()
         finally:
-            self._api.otel[0].detach(self._token)
+            self._api.context.detach(self._token)
 
 
 def _continuation(tracing: Tracing, agent: Agent, checkpoint: Any, reason: str) -> RunTrace | None:
