@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import httpx
 import opentelemetry.trace
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -54,6 +55,8 @@ from runlet._tracing import (
     run_span,
     span_reference,
 )
+from runlet.providers.anthropic import AnthropicModel
+from runlet.providers.openai import OpenAIChatModel
 from runlet.testing import ScriptedModel, call
 
 pytestmark = pytest.mark.anyio
@@ -145,6 +148,9 @@ def trace_id(span: ReadableSpan) -> int:
 
 # --- a plain run -------------------------------------------------------------------------
 
+# Settings the conventions name become request attributes; others (and non-numbers) do not.
+OPTIONS = {"temperature": 0.5, "top_p": 0.9, "max_tokens": 100, "seed": 7, "logprobs": True}
+
 
 @pytest.mark.parametrize("mode", ["run", "stream"])
 async def test_plain_run_makes_one_span_per_run_model_request_and_tool_call(
@@ -154,9 +160,9 @@ async def test_plain_run_makes_one_span_per_run_model_request_and_tool_call(
     runtime = Runtime(tracer_provider=provider)
     agent = weather_agent(model)
     if mode == "run":
-        result = await runtime.run(agent, "Weather in Paris?", options={"temperature": 0.5})
+        result = await runtime.run(agent, "Weather in Paris?", options=OPTIONS)
     else:
-        async with runtime.stream(agent, "Weather in Paris?", options={"temperature": 0.5}) as s:
+        async with runtime.stream(agent, "Weather in Paris?", options=OPTIONS) as s:
             async for _ in s:
                 pass
         result = s.result
@@ -194,6 +200,9 @@ async def test_plain_run_makes_one_span_per_run_model_request_and_tool_call(
         "gen_ai.provider.name": "scripted",
         "gen_ai.request.model": "scripted-1",
         "gen_ai.request.temperature": 0.5,
+        "gen_ai.request.top_p": 0.9,
+        "gen_ai.request.max_tokens": 100,
+        "gen_ai.request.seed": 7,
         "gen_ai.conversation.id": result.run_id,
         "runlet.run_id": result.run_id,
         "gen_ai.response.finish_reasons": ("tool_calls",),
@@ -235,6 +244,25 @@ async def test_a_model_without_a_name_gives_plain_chat_spans(
         assert span.attributes is not None
         assert span.attributes["gen_ai.provider.name"] == "_OTHER"
         assert "gen_ai.request.model" not in span.attributes
+
+
+async def test_the_http_adapters_name_their_provider_and_model(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    tracing = Tracing(provider, None)
+    async with httpx.AsyncClient() as client:
+        for model in (
+            OpenAIChatModel("gpt-4o", api_key="key", http_client=client),
+            AnthropicModel("claude-x", api_key="key", http_client=client),
+        ):
+            run = Runtime()._start(Agent("helper", "Help.", model), "Hi", None, None, None)
+            with run_span(tracing, run):
+                pass
+    openai, anthropic = exporter.get_finished_spans()
+    assert attrs_of(openai)["gen_ai.provider.name"] == "openai"
+    assert attrs_of(openai)["gen_ai.request.model"] == "gpt-4o"
+    assert attrs_of(anthropic)["gen_ai.provider.name"] == "anthropic"
+    assert attrs_of(anthropic)["gen_ai.request.model"] == "claude-x"
 
 
 # --- message contents --------------------------------------------------------------------
@@ -595,6 +623,32 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
     assert json.loads(tool["gen_ai.tool.call.arguments"]) == {"city": "Paris"}
 
 
+async def test_a_resume_that_stops_again_records_the_next_interruption(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    calls = [call("get_weather", city="Paris", id="c1"), call("get_weather", city="Oslo", id="c2")]
+    agent = weather_agent(NamedModel([calls, "Both sunny."]), weather_tool(approval=True))
+    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    first = await runtime.run(agent, "Two cities")
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    exporter.clear()
+    second = await runtime.resume(
+        agent,
+        checkpoint_id=first.checkpoint_id,
+        response=HumanResponse(first.interruption.id, "reject"),
+    )
+    assert second.status == "interrupted"
+    spans = exporter.get_finished_spans()
+    assert tree(spans) == [("invoke_agent weather", [])]  # rejected: nothing ran
+    span = one(spans, "invoke_agent weather")
+    assert attrs_of(span)["runlet.checkpoint_id"] == first.checkpoint_id
+    assert attrs_of(span)["runlet.human.action"] == "reject"
+    assert attrs_of(span)["runlet.run.status"] == "interrupted"
+    assert attrs_of(span)["runlet.interrupt.checkpoint_id"] == second.checkpoint_id
+    assert attrs_of(span)["runlet.interrupt.tool_call_id"] == "c2"
+
+
 async def test_a_refused_response_ends_the_resume_span_with_an_error(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
@@ -670,6 +724,7 @@ async def test_span_reference_keeps_the_run_span_ids_as_json_for_a_linked_resume
         trace_id(interrupted_span),
         span_id(interrupted_span),
     )
+    assert dict(link.attributes or {}) == {"runlet.run.status": "interrupted"}
     assert attrs_of(span)["runlet.human.responded_by"] == "alice"
     assert attrs_of(span)["runlet.human.action"] == "select"
     assert attrs_of(span)["runlet.human.value"] == "b"  # content: opted in above
