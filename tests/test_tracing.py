@@ -389,6 +389,30 @@ async def test_parallel_tool_spans_are_children_of_the_run_and_parents_of_handle
         assert parent_of(span) == span_id(run)
 
 
+async def test_a_sync_handler_in_a_worker_thread_nests_its_spans_under_its_call(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    app = provider.get_tracer("app")
+
+    def lookup(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        with app.start_as_current_span("query"):
+            return "found"
+
+    tool = ToolSpec("lookup", "Look a city up.", CITY, lookup)
+    model = NamedModel([call("lookup", city="Paris"), "Done."])
+    await Runtime(tracer_provider=provider).run(weather_agent(model, tool), "Go")
+    assert tree(exporter.get_finished_spans()) == [
+        (
+            "invoke_agent weather",
+            [
+                ("chat scripted-1", []),
+                ("execute_tool lookup", [("query", [])]),
+                ("chat scripted-1", []),
+            ],
+        )
+    ]
+
+
 async def test_failed_tool_calls_end_their_spans_with_an_error_type(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
