@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import os
+import re
+import runpy
+from pathlib import Path
 
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 BACKENDS = ["asyncio", "trio"]
 
-nox.options.sessions = ["tests", "coverage", "lint", "types", "docs", "bench_smoke"]
+nox.options.sessions = [
+    "tests",
+    "tests_lowest",
+    "coverage",
+    "lint",
+    "types",
+    "docs",
+    "bench_smoke",
+]
 nox.options.reuse_existing_virtualenvs = True
 # On CI a missing interpreter is a failure, not a skip.
 nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
@@ -31,6 +42,18 @@ def tests(session: nox.Session, backend: str) -> None:
             "COVERAGE_FILE": f".coverage.{session.python}-{backend}",
         },
     )
+
+
+@nox.session(python=["3.10", "3.13"])
+def tests_lowest(session: nox.Session) -> None:
+    """Run the test suite on both event loops with every runtime dependency (and the http
+    and trio extras) at the lowest version pyproject.toml allows."""
+    read = runpy.run_path(".ci/lowest_constraints.py")["read"]
+    constraints = Path(session.create_tmp()) / "lowest-constraints.txt"
+    constraints.write_text("\n".join(read(Path("pyproject.toml"))) + "\n")
+    session.log("Constraints:\n" + constraints.read_text())
+    session.install("-c", str(constraints), "-e", ".[tests]")
+    session.run("python", "-m", "pytest", *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -58,11 +81,27 @@ def types(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
-    """Build the Sphinx docs; any warning or broken reference fails."""
-    session.install("-e", ".[docs,http]")
+    """Build the Sphinx docs; any warning or broken reference fails, and so does an API
+    reference that shows internals (see ``api_page_problems``)."""
+    session.install("-e", ".[docs]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )
+    problems = api_page_problems(Path("docs/_build/html/api.html").read_text(encoding="utf-8"))
+    if problems:
+        session.error("The API reference is wrong: " + "; ".join(problems))
+
+
+def api_page_problems(html: str) -> list[str]:
+    """What the built API page shows that users must not see: private members, and
+    ``@asynccontextmanager`` methods with their generator's return type."""
+    text = re.sub(r"<[^>]+>", "", html)
+    problems = [
+        f"{name} is private" for name in re.findall(r'id="(runlet\.[\w.]*\._[a-z]\w*)"', html)
+    ]
+    if "AsyncIterator[AsyncIterator[" in text:
+        problems.append("a stream() shows AsyncIterator[AsyncIterator[...]], not a context manager")
+    return problems
 
 
 @nox.session(python="3.11")

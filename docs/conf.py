@@ -7,6 +7,7 @@ every cross-reference must resolve.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 from typing import Any
@@ -62,7 +63,9 @@ autodoc_type_aliases["ScriptItem"] = "runlet.testing.ScriptItem"
 # and third-party packages are left unlinked instead of failing the nitpicky build.
 nitpick_ignore_regex = [
     ("py:.*", r"(collections\.abc|typing|typing_extensions|contextlib|types)\..*"),
-    ("py:.*", r"(anyio|attrs|cattrs|httpx|opentelemetry)(\..*)?"),
+    ("py:.*", r"(anyio|attrs|cattrs|httpx|datetime|opentelemetry)(\..*)?"),
+    # The type variable of runlet.structure(data, cls) -> T.
+    ("py:class", r"runlet\._checkpoint\.T"),
 ]
 
 
@@ -97,6 +100,29 @@ def _use_private_data_docs(
 _ALIAS_REF = re.compile(r"TypeAliasForwardRef\('([^']+)'\)")
 
 
+# What an ``@asynccontextmanager`` method's generator is annotated with, and what the
+# method returns; autodoc shows the generator's annotation unless told otherwise.
+_GENERATOR_RETURN = re.compile(r"^~?(?:collections\.abc\.|typing\.)?AsyncIterator\[(.*)\]$")
+
+
+def _is_async_context_manager_function(obj: Any) -> bool:
+    wrapped = getattr(obj, "__wrapped__", None)
+    return (
+        wrapped is not None
+        and inspect.isasyncgenfunction(wrapped)
+        and not inspect.isasyncgenfunction(obj)
+    )
+
+
+def _skip_private(
+    app: Sphinx, what: str, name: str, obj: Any, skip: bool, options: Any
+) -> bool | None:
+    # attrs fields such as ToolSpec._validator are internals, whatever the options say.
+    if name.startswith("_") and not name.startswith("__"):
+        return True
+    return None
+
+
 def _tidy_signature(
     app: Sphinx,
     what: str,
@@ -113,6 +139,10 @@ def _tidy_signature(
     # Sphinx leaves aliases nested inside generics as "TypeAliasForwardRef('x')".
     if signature is None and return_annotation is None:
         return None
+    if return_annotation and _is_async_context_manager_function(obj):
+        return_annotation = _GENERATOR_RETURN.sub(
+            r"~contextlib.AbstractAsyncContextManager[\1]", return_annotation
+        )
     return (
         signature and _ALIAS_REF.sub(r"\1", signature),
         return_annotation and _ALIAS_REF.sub(r"\1", return_annotation),
@@ -124,3 +154,4 @@ def setup(app: Sphinx) -> None:
         _data_docs(package)
     app.connect("autodoc-process-docstring", _use_private_data_docs)
     app.connect("autodoc-process-signature", _tidy_signature)
+    app.connect("autodoc-skip-member", _skip_private)

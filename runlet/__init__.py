@@ -8,14 +8,21 @@ same run later, in the same process or another one.
 from ._agent import Agent as Agent
 from ._checkpoint import CHECKPOINT_VERSION as CHECKPOINT_VERSION
 from ._checkpoint import Checkpoint as Checkpoint
+from ._checkpoint import structure as structure
 from ._checkpoint import structure_checkpoint as structure_checkpoint
+from ._checkpoint import unstructure as unstructure
 from ._checkpoint import unstructure_checkpoint as unstructure_checkpoint
+from ._errors import CheckpointCancelledError as CheckpointCancelledError
 from ._errors import CheckpointClaimedError as CheckpointClaimedError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CheckpointResolvedError as CheckpointResolvedError
 from ._errors import CheckpointSerializationError as CheckpointSerializationError
 from ._errors import CheckpointStoreRequiredError as CheckpointStoreRequiredError
 from ._errors import ConfigurationError as ConfigurationError
+from ._errors import HumanRequestExpiredError as HumanRequestExpiredError
+from ._errors import HumanResponseConflictError as HumanResponseConflictError
 from ._errors import HumanResponseError as HumanResponseError
+from ._errors import LeaseLostError as LeaseLostError
 from ._errors import MaxTurnsExceededError as MaxTurnsExceededError
 from ._errors import MissingToolError as MissingToolError
 from ._errors import ModelAPIError as ModelAPIError
@@ -30,7 +37,11 @@ from ._events import RunFinished as RunFinished
 from ._events import StreamEvent as StreamEvent
 from ._events import ToolCallFinished as ToolCallFinished
 from ._events import ToolCallStarted as ToolCallStarted
+from ._human import EXPIRY_MESSAGE as EXPIRY_MESSAGE
+from ._human import OUTCOME_UNKNOWN_PROMPT as OUTCOME_UNKNOWN_PROMPT
 from ._human import REJECTION_MESSAGE as REJECTION_MESSAGE
+from ._human import Decision as Decision
+from ._human import DecisionAction as DecisionAction
 from ._human import HumanAction as HumanAction
 from ._human import HumanOption as HumanOption
 from ._human import HumanRequest as HumanRequest
@@ -54,9 +65,16 @@ from ._result import RunStatus as RunStatus
 from ._runtime import STREAM_BUFFER_SIZE as STREAM_BUFFER_SIZE
 from ._runtime import RunStream as RunStream
 from ._runtime import Runtime as Runtime
+from ._store import CallRecord as CallRecord
+from ._store import CheckpointStatus as CheckpointStatus
 from ._store import CheckpointStore as CheckpointStore
-from ._store import ClaimingCheckpointStore as ClaimingCheckpointStore
+from ._store import Claim as Claim
+from ._store import DurableCheckpointStore as DurableCheckpointStore
 from ._store import InMemoryCheckpointStore as InMemoryCheckpointStore
+from ._store import PendingRequest as PendingRequest
+from ._store import Resolution as Resolution
+from ._store import StoredCheckpoint as StoredCheckpoint
+from ._tools import ApprovalPolicy as ApprovalPolicy
 from ._tools import Handler as Handler
 from ._tools import ToolContext as ToolContext
 from ._tools import ToolDefinition as ToolDefinition
@@ -67,26 +85,39 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "EXPIRY_MESSAGE",
+    "OUTCOME_UNKNOWN_PROMPT",
     "REJECTION_MESSAGE",
     "STREAM_BUFFER_SIZE",
     "Agent",
+    "ApprovalPolicy",
+    "CallRecord",
     "Checkpoint",
+    "CheckpointCancelledError",
     "CheckpointClaimedError",
     "CheckpointNotFoundError",
+    "CheckpointResolvedError",
     "CheckpointSerializationError",
+    "CheckpointStatus",
     "CheckpointStore",
     "CheckpointStoreRequiredError",
-    "ClaimingCheckpointStore",
+    "Claim",
     "ConfigurationError",
+    "Decision",
+    "DecisionAction",
+    "DurableCheckpointStore",
     "Handler",
     "HumanAction",
     "HumanOption",
     "HumanRequest",
+    "HumanRequestExpiredError",
     "HumanRequestKind",
     "HumanResponse",
+    "HumanResponseConflictError",
     "HumanResponseError",
     "InMemoryCheckpointStore",
     "Interrupted",
+    "LeaseLostError",
     "MaxTurnsExceededError",
     "Message",
     "MessageCompleted",
@@ -99,6 +130,8 @@ __all__ = [
     "ModelResponse",
     "ModelResponseError",
     "ModelStreamItem",
+    "PendingRequest",
+    "Resolution",
     "ResumeError",
     "Role",
     "RunFinished",
@@ -107,6 +140,7 @@ __all__ = [
     "RunStream",
     "RunletError",
     "Runtime",
+    "StoredCheckpoint",
     "StreamEvent",
     "StreamingModel",
     "TextDelta",
@@ -120,7 +154,9 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "ask_human",
+    "structure",
     "structure_checkpoint",
+    "unstructure",
     "unstructure_checkpoint",
 ]
 

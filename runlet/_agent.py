@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import attrs
@@ -11,6 +12,26 @@ from ._model import Model
 from ._tools import ToolDefinition, ToolSpec
 
 __all__ = ["Agent"]
+
+
+def _check_model(instance: Agent, _: attrs.Attribute[Model], model: Model) -> None:
+    if not is_async_method(model, "complete"):
+        raise ConfigurationError(
+            f"Agent {instance.name!r}: model must be a model adapter, an object with "
+            f"`async def complete(self, request)`; got {type(model).__name__}. Use an "
+            "adapter from runlet.providers, runlet.testing.ScriptedModel, or your own."
+        )
+
+
+def is_async_method(obj: object, name: str) -> bool:
+    """Whether *obj* has a method *name* that is a coroutine function (or a callable
+    object whose ``__call__`` is one)."""
+    method = getattr(obj, name, None)
+    if not callable(method):
+        return False
+    if inspect.iscoroutinefunction(method):
+        return True
+    return inspect.iscoroutinefunction(getattr(method, "__call__", None))  # noqa: B004
 
 
 def _tools_tuple(tools: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
@@ -31,12 +52,13 @@ class Agent:
         tools: The tools the model may call.
 
     Raises:
-        ConfigurationError: Two tools share a name, or a tool is not a ToolSpec.
+        ConfigurationError: *model* has no async ``complete`` method, two tools share a
+            name, or a tool is not a ToolSpec.
     """
 
     name: str
     instructions: str
-    model: Model
+    model: Model = attrs.field(validator=_check_model)
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_tools_tuple)
     _by_name: dict[str, ToolSpec] = attrs.field(init=False, repr=False, eq=False)
     _definitions: tuple[ToolDefinition, ...] = attrs.field(init=False, repr=False, eq=False)

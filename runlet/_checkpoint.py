@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from datetime import datetime, timezone
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError
-from ._human import HumanOption, HumanRequest
+from ._human import Decision, HumanOption, HumanRequest
 from ._messages import Message, ToolCall, ToolResult, Usage
+from ._tools import show_arguments
 
 __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
+    "structure",
     "structure_checkpoint",
+    "unstructure",
     "unstructure_checkpoint",
 ]
 
-CHECKPOINT_VERSION = 1
-"""The checkpoint schema version this Runlet writes (and the newest it reads)."""
+CHECKPOINT_VERSION = 2
+"""The checkpoint schema version this Runlet writes (and the newest it reads). Version 1
+data still loads: it is migrated on read."""
+
+# Version 1 recorded no request times; migrated requests say "created at the epoch".
+_V1_CREATED_AT = "1970-01-01T00:00:00+00:00"
 
 
 @attrs.frozen(kw_only=True)
@@ -45,8 +55,11 @@ class Checkpoint:
         results: Results already known for that message's calls (calls that needed no
             person, and those a person has already answered).
         pending_tool_calls: The calls still waiting for a person, in call order; the
-            first is the one :attr:`request` asks about.
-        request: The open request.
+            first is the one :attr:`request` asks about. A call's arguments are what runs
+            when its request is approved.
+        request: The first open request (the run's ``interruption``).
+        more_requests: The other open requests, one per further pending call, in order.
+        decisions: Every answer given in this run before this checkpoint (audit trail).
         usage: Usage so far.
         turns: Model requests made so far, counted against the runtime's ``max_turns``.
     """
@@ -62,16 +75,29 @@ class Checkpoint:
     results: tuple[ToolResult, ...] = ()
     pending_tool_calls: tuple[ToolCall, ...]
     request: HumanRequest
+    more_requests: tuple[HumanRequest, ...] = ()
+    decisions: tuple[Decision, ...] = ()
     usage: Usage = Usage()
     turns: int = 0
+
+    @property
+    def open_requests(self) -> tuple[HumanRequest, ...]:
+        """All open requests in call order, starting with :attr:`request`."""
+        if not self.more_requests:
+            return (self.request,)
+        return (self.request, *self.more_requests)
 
 
 _JSON_SCALARS = (str, int, bool, type(None))
 
 
-def _check_json(value: object, path: str) -> None:
+def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) -> None:
     """Raise if *value* is not something ``json.dumps`` writes and ``json.loads`` reads
-    back unchanged (apart from tuples, which come back as lists)."""
+    back unchanged (apart from tuples, which come back as lists).
+
+    *_outer* maps the ids of the containers that hold *value* to their paths, so a
+    container that holds itself is reported instead of recursing without end.
+    """
     if isinstance(value, _JSON_SCALARS):
         return
     if isinstance(value, float):
@@ -81,8 +107,18 @@ def _check_json(value: object, path: str) -> None:
                 path=path,
             )
         return
-    # Only real dicts: json.dumps cannot write other mappings.
-    if isinstance(value, dict):
+    outer = {} if _outer is None else _outer
+    if id(value) in outer:
+        raise CheckpointSerializationError(
+            f"{path} is {outer[id(value)]} itself: a value that contains itself cannot be "
+            "written as JSON. Store a copy, or an id, instead of the reference back.",
+            path=path,
+        )
+    # Only real dicts: json.dumps cannot write other mappings. A run's own options are a
+    # read-only view of a dict, which the converter writes as a dict; such a view is
+    # accepted where the check starts, never nested inside the data.
+    if isinstance(value, dict) or (_outer is None and type(value) is MappingProxyType):
+        outer[id(value)] = path
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CheckpointSerializationError(
@@ -90,11 +126,14 @@ def _check_json(value: object, path: str) -> None:
                     "must be strings.",
                     path=path,
                 )
-            _check_json(item, f"{path}[{key!r}]")
+            _check_json(item, f"{path}[{key!r}]", outer)
+        del outer[id(value)]
         return
     if isinstance(value, (list, tuple)):
+        outer[id(value)] = path
         for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]")
+            _check_json(item, f"{path}[{index}]", outer)
+        del outer[id(value)]
         return
     raise CheckpointSerializationError(
         f"{path} is a {type(value).__name__}, which is not JSON-compatible. Checkpoints "
@@ -113,10 +152,114 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
                 _check_json(call.arguments, f"{name}[{index}].tool_calls[{number}].arguments")
     for index, call in enumerate(checkpoint.pending_tool_calls):
         _check_json(call.arguments, f"pending_tool_calls[{index}].arguments")
+    for index, decision in enumerate(checkpoint.decisions):
+        _check_json(decision.arguments, f"decisions[{index}].arguments")
+        _check_json(decision.metadata, f"decisions[{index}].metadata")
 
 
-def _passthrough(value: Any) -> Any:
-    return value
+# Checkpoint objects already found to hang together (by id, with a weak reference to
+# rule out a reused id). Checkpoints are frozen, so a check holds for the object's life;
+# the resume of a checkpoint just structured from JSON then does not check it twice.
+_verified: dict[int, weakref.ref[Checkpoint]] = {}
+
+
+def check_integrity(checkpoint: Checkpoint) -> None:
+    """Refuse a checkpoint that does not hang together, so no resume ever runs a call with
+    arguments the person was not shown, or fails halfway with an IndexError.
+
+    Raises:
+        CheckpointSerializationError: Naming the inconsistency and where it is.
+    """
+    known = _verified.get(id(checkpoint))
+    if known is not None and known() is checkpoint:
+        return
+    _check_integrity(checkpoint)
+    if len(_verified) >= 4096:
+        _verified.clear()
+    _verified[id(checkpoint)] = weakref.ref(checkpoint)
+
+
+def _check_integrity(checkpoint: Checkpoint) -> None:
+    transcript = checkpoint.transcript
+    if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
+        _broken("transcript", "must end with the assistant message whose tool calls wait")
+    calls = {call.id: call for call in transcript[-1].tool_calls}
+    pending = checkpoint.pending_tool_calls
+    if not pending:
+        _broken("pending_tool_calls", "is empty, so there is nothing to resume")
+    requests = checkpoint.open_requests
+    if len(requests) != len(pending):
+        _broken(
+            "more_requests",
+            f"holds {len(requests)} open requests for {len(pending)} pending calls; "
+            "each pending call needs exactly one",
+        )
+    seen: set[str] = set()
+    for index, (call, request) in enumerate(zip(pending, requests, strict=True)):
+        made = calls.get(call.id)
+        if made is None or made.name != call.name:
+            _broken(
+                f"pending_tool_calls[{index}]",
+                f"call {call.id!r} ({call.name}) is not in the last assistant message",
+            )
+        if call.id in seen:
+            _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
+        seen.add(call.id)
+        if request.tool_call != call:
+            name = "request" if index == 0 else f"more_requests[{index - 1}]"
+            _broken(
+                f"{name}.tool_call",
+                f"does not match pending call {call.id!r} (its id, tool or arguments "
+                "differ), so the person would decide on something other than what runs",
+            )
+    if len({request.id for request in requests}) != len(requests):
+        _broken("more_requests", "two open requests share an id")
+    for index, result in enumerate(checkpoint.results):
+        where = (
+            f"results[{index}]"
+            if result.tool_call_id in seen or result.tool_call_id not in calls
+            else ""
+        )
+        if result.tool_call_id not in calls:
+            _broken(
+                where,
+                f"is for call {result.tool_call_id!r}, which the last assistant "
+                "message does not hold",
+            )
+        if result.tool_call_id in seen:
+            _broken(where, f"call {result.tool_call_id!r} has two results, or is also pending")
+        seen.add(result.tool_call_id)
+    if len(seen) != len(calls):
+        missing = ", ".join(repr(i) for i in calls if i not in seen)
+        _broken("results", f"calls {missing} have neither a result nor a pending request")
+
+
+def _broken(path: str, problem: str) -> None:
+    raise CheckpointSerializationError(
+        f"This checkpoint does not hang together: {path} {problem}. It was altered or "
+        "written by a broken store; it cannot be resumed safely.",
+        path=path,
+    )
+
+
+def _unstructure_datetime(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _structure_datetime(value: Any, _: Any) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(f"expected an ISO 8601 date-time string, got {type(value).__name__}")
+    if value.endswith("Z"):  # fromisoformat() reads "Z" only from Python 3.11 on
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone; times are aware UTC")
+    return parsed.astimezone(timezone.utc)
+
+
+def _unstructure_json_object(value: Mapping[str, Any]) -> dict[str, Any]:
+    # A run's options are a read-only view; JSON and stores want the dict itself.
+    return value if type(value) is dict else dict(value)
 
 
 def _structure_json_object(value: Any, _: Any) -> Any:
@@ -145,7 +288,7 @@ def _register_tuples(converter: cattrs.Converter) -> None:
     # call; binding it once takes ~15% off a checkpoint's (de)serialization. Same data
     # in and out (lists out, tuples in). Items first, so Message's hook binds the
     # tuple[ToolCall, ...] hook made here.
-    for item in (ToolCall, ToolResult, HumanOption, Message):
+    for item in (ToolCall, ToolResult, HumanOption, Message, HumanRequest, Decision):
         structure = converter.get_structure_hook(item)
         unstructure = converter.get_unstructure_hook(item)
 
@@ -166,16 +309,23 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter = cattrs.Converter(
         omit_if_default=True, forbid_extra_keys=True, detailed_validation=detailed
     )
-    converter.register_unstructure_hook_func(_is_json_mapping, _passthrough)
+    converter.register_unstructure_hook_func(_is_json_mapping, _unstructure_json_object)
     converter.register_structure_hook_func(_is_json_mapping, _structure_json_object)
     for type_ in (str, int, bool):
         converter.register_structure_hook(type_, _exactly(type_))
+    converter.register_unstructure_hook(datetime, _unstructure_datetime)
+    converter.register_structure_hook(datetime, _structure_datetime)
     if not detailed:
         _register_tuples(converter)
     # The version is written even though it equals its default: readers rely on it.
     converter.register_unstructure_hook(
         Checkpoint,
-        make_dict_unstructure_fn(Checkpoint, converter, _cattrs_omit_if_default=False),
+        make_dict_unstructure_fn(
+            Checkpoint,
+            converter,
+            _cattrs_omit_if_default=True,
+            version=override(omit_if_default=False),
+        ),
     )
     return converter
 
@@ -206,12 +356,13 @@ def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
 
 def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
     """Turn data made by :func:`unstructure_checkpoint` (for instance after a JSON round
-    trip) back into a :class:`Checkpoint`.
+    trip) back into a :class:`Checkpoint`. Version 1 data is migrated on read.
 
     Raises:
         CheckpointSerializationError: The data is not a checkpoint, is malformed (the
-            message names the offending path), or was written by a schema version this
-            Runlet does not read.
+            message names the offending path), does not hang together (for example its
+            open request does not match the pending call), or was written by a schema
+            version this Runlet does not read.
     """
     if not isinstance(data, Mapping):
         raise CheckpointSerializationError(
@@ -219,33 +370,106 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
         )
     version = data.get("version")
     if version != CHECKPOINT_VERSION or type(version) is not int:
-        if version is None:
+        if version == 1 and type(version) is int:
+            data = _migrate_v1(data)
+        elif version is None:
             raise CheckpointSerializationError(
                 "This data is not a Runlet checkpoint: it has no 'version' field.",
                 path="version",
             )
-        raise CheckpointSerializationError(
-            f"Checkpoint schema version {version!r} is not supported: this Runlet reads "
-            f"version {CHECKPOINT_VERSION}. Resume it with the Runlet release that wrote it.",
-            path="version",
-        )
+        else:
+            raise CheckpointSerializationError(
+                f"Checkpoint schema version {version!r} is not supported: this Runlet reads "
+                f"versions 1 to {CHECKPOINT_VERSION}. Resume it with the Runlet release "
+                "that wrote it.",
+                path="version",
+            )
+    checkpoint = structure(data, Checkpoint, what="checkpoint")
+    check_integrity(checkpoint)
+    return checkpoint
+
+
+def _migrate_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 made the request for a later pending call only when the run reached it;
+    version 2 holds one open request per pending call. Migrated requests get stable ids
+    (so loading twice gives the same ids) and the default prompt."""
+    migrated = dict(data)
+    migrated["version"] = CHECKPOINT_VERSION
+    request = migrated.get("request")
+    if isinstance(request, Mapping) and "created_at" not in request:
+        migrated["request"] = {**request, "created_at": _V1_CREATED_AT}
+    pending = migrated.get("pending_tool_calls")
+    if isinstance(pending, list) and len(pending) > 1 and "more_requests" not in migrated:
+        migrated["more_requests"] = [
+            _v1_request(call, f"req_{migrated.get('id')}_{index}")
+            for index, call in enumerate(pending[1:], start=1)
+        ]
+    return migrated
+
+
+def _v1_request(call: Any, request_id: str) -> Any:
+    if not isinstance(call, Mapping):
+        return call  # malformed: structuring says where
+    arguments = call.get("arguments") or {}
+    request: dict[str, Any] = {"id": request_id, "tool_call": call, "created_at": _V1_CREATED_AT}
+    kind = arguments.get("kind") if isinstance(arguments, Mapping) else None
+    if call.get("name") == "ask_human" and kind in ("choice", "input"):
+        request.update(kind=kind, prompt=arguments.get("prompt", ""))
+        if kind == "choice":
+            request["options"] = [
+                {key: option[key] for key in ("id", "label", "description") if key in option}
+                for option in arguments.get("options", ())
+                if isinstance(option, Mapping)
+            ]
+    else:
+        shown = show_arguments(arguments if isinstance(arguments, Mapping) else {})
+        request.update(kind="approval", prompt=f"Allow {call.get('name')} with {shown}?")
+    return request
+
+
+T = TypeVar("T")
+
+
+def unstructure(obj: Any) -> Any:
+    """Turn a Runlet data object (a :class:`~runlet.RunResult`, request, response,
+    message, stream event, checkpoint, ...) into JSON-compatible data, with the one
+    converter Runlet uses for checkpoints. :func:`structure` turns it back.
+
+    Raises:
+        CheckpointSerializationError: A value inside is not JSON-compatible (the path
+            says where).
+    """
+    if isinstance(obj, Checkpoint):
+        return unstructure_checkpoint(obj)
+    data = _converter.unstructure(obj)
+    _check_json(data, type(obj).__name__)
+    return data
+
+
+def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
+    """Turn data made by :func:`unstructure` back into an instance of *cls*, exactly.
+
+    Raises:
+        CheckpointSerializationError: The data is malformed; the message names the path.
+    """
     try:
-        return _converter.structure(data, Checkpoint)
+        return _converter.structure(data, cls)
     except Exception:  # noqa: BLE001 - re-done below to say exactly what is wrong
         pass
+    name = what or str(getattr(cls, "__name__", "data"))
     try:
-        checkpoint = _explainer.structure(data, Checkpoint)
+        value: T = _explainer.structure(data, cls)
     except Exception as exc:
-        details = cattrs.transform_error(exc, path="checkpoint")
+        details = cattrs.transform_error(exc, path=name)
         raise CheckpointSerializationError(
-            "This data is not a valid checkpoint: " + "; ".join(details),
+            f"This data is not a valid {name}: " + "; ".join(details),
             path=_first_path(details),
         ) from exc
-    return checkpoint  # pragma: no cover - the fast converter accepts what this accepts
+    return value  # pragma: no cover - the fast converter accepts what this accepts
 
 
 def _first_path(details: list[str]) -> str | None:
     for line in details:
         if " @ " in line:
             return line.rsplit(" @ ", 1)[1]
-    return None  # pragma: no cover
+    return None

@@ -7,7 +7,7 @@ these: it always propagates as the event loop's own cancellation exception.
 The tree::
 
     RunletError
-    ├── ConfigurationError            a ToolSpec, Agent or Runtime is set up wrongly
+    ├── ConfigurationError            a ToolSpec, Agent, Runtime or Message is built wrongly
     │   └── CheckpointStoreRequiredError   a run must interrupt, but there is no store
     ├── ModelError                    the model adapter failed
     │   ├── ModelResponseError        it answered with something unusable
@@ -15,11 +15,21 @@ The tree::
     │   └── ModelConnectionError      the API could not be reached
     ├── MaxTurnsExceededError         the run asked the model too many times
     ├── HumanResponseError            a HumanResponse does not fit the open request
+    │   ├── HumanResponseConflictError    the request was already answered differently
+    │   └── HumanRequestExpiredError      the request expired before the answer came
     ├── ResumeError                   a checkpoint cannot be resumed as asked
-    │   ├── CheckpointNotFoundError   no such checkpoint (never saved, or already resumed)
+    │   ├── CheckpointNotFoundError   no such checkpoint (never saved, or deleted)
+    │   │   └── CheckpointCancelledError  the checkpoint was cancelled
     │   ├── CheckpointClaimedError    another resume holds the checkpoint right now
+    │   ├── CheckpointResolvedError   the checkpoint was already resolved
+    │   ├── LeaseLostError            this resume's claim ran out and another took over
     │   └── MissingToolError          the agent given to resume lacks a pending call's tool
     └── CheckpointSerializationError  checkpoint data cannot be turned into JSON or back
+
+A web handler can map them to HTTP statuses by class alone: ``CheckpointCancelledError``
+and ``CheckpointNotFoundError`` (404 / 410), ``HumanResponseConflictError`` and
+``CheckpointResolvedError`` (409), ``CheckpointClaimedError`` (409, retry later),
+``HumanRequestExpiredError`` (410), any other ``HumanResponseError`` (422).
 
 Errors raised during a resume never consume the checkpoint: it stays loadable and
 resumable, so the application can correct the problem and try again.
@@ -28,12 +38,17 @@ resumable, so the application can correct the problem and try again.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointCancelledError",
     "CheckpointClaimedError",
     "CheckpointNotFoundError",
+    "CheckpointResolvedError",
     "CheckpointSerializationError",
     "CheckpointStoreRequiredError",
     "ConfigurationError",
+    "HumanRequestExpiredError",
+    "HumanResponseConflictError",
     "HumanResponseError",
+    "LeaseLostError",
     "MaxTurnsExceededError",
     "MissingToolError",
     "ModelAPIError",
@@ -53,9 +68,12 @@ class RunletError(Exception):
 
 
 class ConfigurationError(RunletError):
-    """Raised when a :class:`~runlet.ToolSpec`, :class:`~runlet.Agent` or
-    :class:`~runlet.Runtime` is built with values that cannot work, such as an invalid
-    JSON Schema or two tools with the same name."""
+    """Raised when a :class:`~runlet.ToolSpec`, :class:`~runlet.Agent`,
+    :class:`~runlet.Runtime`, :class:`~runlet.Message` or
+    :class:`~runlet.testing.ScriptedModel` is built with values that cannot work, such as
+    an invalid JSON Schema, two tools with the same name, a model without an async
+    ``complete`` method, or an unknown message role. It is raised at construction, before
+    anything runs."""
 
 
 class CheckpointStoreRequiredError(ConfigurationError):
@@ -122,6 +140,36 @@ class HumanResponseError(RunletError):
     """
 
 
+class HumanResponseConflictError(HumanResponseError):
+    """Raised when a request was already answered (the first accepted answer is final) and
+    the response given now differs from that answer. Repeating the *same* response is not
+    an error: :meth:`~runlet.Runtime.resume` then returns the stored result.
+
+    Attributes:
+        checkpoint_id: The checkpoint the resume was given.
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: str) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+
+class HumanRequestExpiredError(HumanResponseError):
+    """Raised when a response arrives after the request's ``expires_at``. The checkpoint is
+    kept: record the expiry with :meth:`~runlet.Runtime.expire` (the model then learns
+    nobody answered) or retire it with :meth:`~runlet.Runtime.cancel`.
+
+    Attributes:
+        checkpoint_id: The checkpoint the resume was given.
+        request_id: The expired request.
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: str, request_id: str) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.request_id = request_id
+
+
 class ResumeError(RunletError):
     """Raised when a checkpoint cannot be resumed as asked. The checkpoint, if it exists,
     is left loadable and resumable.
@@ -141,9 +189,37 @@ class CheckpointNotFoundError(ResumeError):
     saved, it was deleted, or a resume already finished with it and retired it."""
 
 
+class CheckpointCancelledError(CheckpointNotFoundError):
+    """Raised when the checkpoint was retired with :meth:`~runlet.Runtime.cancel`. It is a
+    :class:`CheckpointNotFoundError`, so code that only knows "gone" keeps working."""
+
+
+class CheckpointResolvedError(ResumeError):
+    """Raised by a durable store when a checkpoint was already resolved, and by
+    :meth:`~runlet.Runtime.cancel` and :meth:`~runlet.Runtime.expire` for such a checkpoint.
+    (:meth:`~runlet.Runtime.resume` instead returns the stored result for an equal
+    response, or raises :class:`HumanResponseConflictError`.)
+
+    Attributes:
+        resolution: The stored :class:`~runlet.Resolution`, when the store supplied it.
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: str, resolution: object = None) -> None:
+        super().__init__(message, checkpoint_id=checkpoint_id)
+        self.resolution = resolution
+
+
+class LeaseLostError(ResumeError):
+    """Raised by a durable store when a write carries a claim token that no longer holds
+    the checkpoint: the lease ran out and another resume took the checkpoint over. The
+    late writer's work is refused, so it can never overwrite the new owner's records."""
+
+
 class CheckpointClaimedError(ResumeError):
-    """Raised when another resume of the same checkpoint is under way. Only one resume of
-    a checkpoint may run at a time, so a tool waiting for approval runs at most once."""
+    """Raised when another resume of the same checkpoint is under way (its claim's lease
+    has not run out). Only one resume of a checkpoint may run at a time, so a tool waiting
+    for approval runs at most once. Retry later: the other resume either resolves the
+    checkpoint (then an equal response returns its result) or leaves it resumable."""
 
 
 class MissingToolError(ResumeError):

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 import attrs
 
 from ._errors import HumanResponseError, RunletError
 from ._messages import ToolCall, ToolResult
-from ._tools import ToolContext, ToolSpec, show_arguments
+from ._tools import ToolContext, ToolSpec
 
 __all__ = [
+    "EXPIRY_MESSAGE",
+    "OUTCOME_UNKNOWN_PROMPT",
     "REJECTION_MESSAGE",
+    "Decision",
+    "DecisionAction",
     "HumanAction",
     "HumanOption",
     "HumanRequest",
@@ -24,9 +29,33 @@ __all__ = [
 
 HumanRequestKind = Literal["approval", "choice", "input"]
 HumanAction = Literal["approve", "reject", "select", "submit"]
+DecisionAction = Literal["approve", "reject", "select", "submit", "expire"]
 
 REJECTION_MESSAGE = "A human rejected this tool call, so it was not run."
-"""The content of the error result a rejected call gets; the same text every time."""
+"""The content of the error result a rejected call gets; the same text every time. A
+rejection that gives a reason (``HumanResponse(action="reject", value=...)``) appends
+``" Reason: "`` and the reason."""
+
+EXPIRY_MESSAGE = (
+    "Nobody answered the request for this tool call before it expired, so it was not run."
+)
+"""The content of the error result a call gets when :meth:`~runlet.Runtime.expire` gives up
+on its request."""
+
+OUTCOME_UNKNOWN_PROMPT = (
+    "An earlier attempt to run this approved call was cut off while the tool was running, "
+    "so it is unknown whether it took effect. Check before you decide: approve runs it "
+    "again, reject leaves it as it is."
+)
+"""The text that starts the prompt of an ``outcome_unknown`` request."""
+
+UTC = timezone.utc
+
+
+def utc_now() -> datetime:
+    """The current time as an aware UTC datetime; the runtime's default clock."""
+    return datetime.now(UTC)
+
 
 _ACTIONS: dict[str, tuple[str, ...]] = {
     "approval": ("approve", "reject"),
@@ -61,7 +90,16 @@ class HumanRequest:
             (the model called :func:`ask_human`).
         prompt: What to show the person.
         options: For ``choice``, the options to pick from; otherwise empty.
-        tool_call: The tool call that raised the request.
+        tool_call: The tool call that raised the request. For an approval, its
+            arguments are exactly what runs when the person approves (unless they edit
+            them).
+        created_at: When the run stopped for this request (aware UTC).
+        expires_at: After this moment a response is refused with
+            :class:`~runlet.HumanRequestExpiredError`; ``None`` means never. Set by the
+            tool's ``expires_after``.
+        outcome_unknown: ``True`` when an earlier attempt started this approved call and
+            was cut off inside the handler, so whether it took effect is unknown; the
+            prompt says so. Approve runs it again; reject records the rejection.
     """
 
     id: str
@@ -69,6 +107,9 @@ class HumanRequest:
     prompt: str
     options: tuple[HumanOption, ...] = ()
     tool_call: ToolCall = attrs.field(kw_only=True)
+    created_at: datetime = attrs.field(kw_only=True, factory=utc_now)
+    expires_at: datetime | None = attrs.field(kw_only=True, default=None)
+    outcome_unknown: bool = attrs.field(kw_only=True, default=False)
 
 
 def _check_action(_: object, __: attrs.Attribute[str], action: str) -> None:
@@ -95,20 +136,28 @@ class HumanResponse:
     Actions by request kind:
 
     - ``approval``: ``"approve"`` (optionally with ``edited_arguments``, which replace the
-      model's arguments and must satisfy the tool's schema) or ``"reject"``.
+      model's arguments and must satisfy the tool's schema) or ``"reject"`` (optionally
+      with ``value`` set to a reason, which the model sees after the fixed rejection text).
     - ``choice``: ``"select"`` with ``value`` set to one of the offered option ids.
     - ``input``: ``"submit"`` with ``value`` set to the person's text.
 
+    ``responded_by`` (who answered, as your application names them) and ``metadata``
+    (JSON-compatible data of your own, e.g. a ticket number) are kept in the audit trail
+    (:class:`Decision`) and never sent to the model.
+
     Raises:
         HumanResponseError: The action is unknown, ``select``/``submit`` has no string
-            value, ``approve``/``reject`` carries a value, or ``edited_arguments`` is not
-            a mapping or comes with an action other than ``approve``.
+            value, ``approve`` carries a value, ``reject``'s reason is not a string, or
+            ``edited_arguments`` is not a mapping or comes with an action other than
+            ``approve``, or ``responded_by``/``metadata`` have the wrong type.
     """
 
     request_id: str
     action: HumanAction = attrs.field(validator=_check_action)
     value: str | None = None
     edited_arguments: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_edited)
+    responded_by: str | None = attrs.field(default=None, kw_only=True)
+    metadata: Mapping[str, Any] | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.action in ("select", "submit"):
@@ -118,16 +167,96 @@ class HumanResponse:
                     f"({'an option id' if self.action == 'select' else 'the text'}), "
                     f"got {self.value!r}."
                 )
+        elif self.action == "reject":
+            if self.value is not None and not isinstance(self.value, str):
+                raise HumanResponseError(
+                    "A rejection's value is the reason the model is told; give a string "
+                    f"or leave it out, not {type(self.value).__name__}."
+                )
         elif self.value is not None:
             raise HumanResponseError(
-                f"HumanResponse action {self.action!r} takes no value; "
-                "remove value= (use edited_arguments= to change an approved call)."
+                "HumanResponse action 'approve' takes no value; remove value= (use "
+                "edited_arguments= to change the call's arguments)."
+            )
+        if self.responded_by is not None and not isinstance(self.responded_by, str):
+            raise HumanResponseError(
+                f"responded_by names who answered and must be a string, not "
+                f"{type(self.responded_by).__name__}."
+            )
+        if self.metadata is not None and not isinstance(self.metadata, Mapping):
+            raise HumanResponseError(
+                "HumanResponse metadata must be a JSON object (a dict), not "
+                f"{type(self.metadata).__name__}."
             )
         if self.edited_arguments is not None and self.action != "approve":
             raise HumanResponseError(
                 "edited_arguments only go with action='approve'; "
                 f"remove them from this {self.action!r} response."
             )
+
+
+@attrs.frozen(kw_only=True)
+class Decision:
+    """One answer to a :class:`HumanRequest`, as recorded: the audit trail of a run.
+
+    Runlet records a decision before it acts on it (so it survives a crash right after),
+    keeps the run's decisions in its checkpoints and its stored outcome, and returns them
+    as :attr:`RunResult.decisions <runlet.RunResult.decisions>`. Durable stores also list
+    them by run id.
+
+    Attributes:
+        request_id: The request answered.
+        checkpoint_id: The checkpoint the answer was given to.
+        tool_call_id: The call the request was about.
+        tool_name: That call's tool (``"ask_human"`` for a choice or input).
+        kind: The request's kind.
+        action: What was decided: the response's action, or ``"expire"`` when
+            :meth:`~runlet.Runtime.expire` gave up on the request.
+        value: The option id, the text, or a rejection's reason.
+        arguments: For ``approve``, the arguments as approved (edited or not): exactly
+            what the tool ran with.
+        edited: Whether the person edited the arguments.
+        responded_by: Who answered, as the application named them.
+        metadata: The response's own metadata.
+        decided_at: When Runlet accepted the answer (aware UTC).
+    """
+
+    request_id: str
+    checkpoint_id: str
+    tool_call_id: str
+    tool_name: str
+    kind: HumanRequestKind
+    action: DecisionAction
+    value: str | None = None
+    arguments: Mapping[str, Any] | None = None
+    edited: bool = False
+    responded_by: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    decided_at: datetime
+
+    def answers_like(self, response: HumanResponse) -> bool:
+        """Whether *response* is the answer this decision recorded (every field equal)."""
+        return (
+            response.request_id == self.request_id
+            and response.action == self.action
+            and response.value == self.value
+            and response.edited_arguments == (self.arguments if self.edited else None)
+            and response.responded_by == self.responded_by
+            and response.metadata == self.metadata
+        )
+
+    def as_response(self) -> HumanResponse | None:
+        """The response this decision recorded; ``None`` for an expiry."""
+        if self.action == "expire":
+            return None
+        return HumanResponse(
+            self.request_id,
+            self.action,
+            self.value,
+            self.arguments if self.edited else None,
+            responded_by=self.responded_by,
+            metadata=self.metadata,
+        )
 
 
 async def _not_called(arguments: Mapping[str, Any], context: ToolContext) -> str:
@@ -164,7 +293,7 @@ _ASK_HUMAN_SCHEMA: dict[str, Any] = {
 }
 
 
-def ask_human() -> ToolSpec:
+def ask_human(*, expires_after: float | None = None) -> ToolSpec:
     """The built-in ``ask_human`` tool: lets the model stop the run to ask a person.
 
     The model calls it with ``kind="choice"``, a ``prompt`` and ``options`` (objects with
@@ -172,8 +301,12 @@ def ask_human() -> ToolSpec:
     ``kind="input"`` and a ``prompt``. The run interrupts with a :class:`HumanRequest`
     of that kind; the person's answer becomes this call's tool result. Invalid
     arguments go back to the model as an error result, without interrupting.
+
+    Args:
+        expires_after: Seconds after which a question expires (see
+            :attr:`HumanRequest.expires_at`); ``None`` means never.
     """
-    return ToolSpec(
+    spec = ToolSpec(
         name="ask_human",
         description=(
             "Ask the human user a question and wait for the answer. Use kind='choice' "
@@ -181,17 +314,15 @@ def ask_human() -> ToolSpec:
         ),
         input_schema=_ASK_HUMAN_SCHEMA,
         handler=_not_called,
+        expires_after=expires_after,
     )
+    object.__setattr__(spec, "_gate", True)
+    return spec
 
 
 def is_ask_human(tool: ToolSpec) -> bool:
     """Whether *tool* is the built-in ask_human tool (any instance of it)."""
     return tool.handler is _not_called
-
-
-def needs_human(tool: ToolSpec) -> bool:
-    """Whether a call of *tool* stops the run for a person."""
-    return tool.requires_approval or tool.handler is _not_called
 
 
 def check_ask_human(arguments: Mapping[str, Any]) -> str | None:
@@ -205,35 +336,53 @@ def check_ask_human(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-def make_request(request_id: str, call: ToolCall, tool: ToolSpec) -> HumanRequest:
-    """The request for a call that needs a person."""
+def make_request(
+    request_id: str,
+    call: ToolCall,
+    tool: ToolSpec,
+    created_at: datetime,
+    *,
+    outcome_unknown: bool = False,
+) -> HumanRequest:
+    """The request for a call that needs a person, created at *created_at*."""
+    expires_after = tool.expires_after
+    expires_at = None if expires_after is None else created_at + timedelta(seconds=expires_after)
     if not is_ask_human(tool):
-        shown = show_arguments(call.arguments)
+        prompt = tool._approval_text(call.arguments)
+        if outcome_unknown:
+            prompt = f"{OUTCOME_UNKNOWN_PROMPT} {prompt}"
         return HumanRequest(
-            request_id, "approval", f"Allow {call.name} with {shown}?", tool_call=call
+            request_id,
+            "approval",
+            prompt,
+            tool_call=call,
+            created_at=created_at,
+            expires_at=expires_at,
+            outcome_unknown=outcome_unknown,
         )
     args = call.arguments
     options = tuple(
         HumanOption(o["id"], o["label"], o.get("description")) for o in args.get("options", ())
     )
-    return HumanRequest(request_id, args["kind"], args["prompt"], options, tool_call=call)
+    return HumanRequest(
+        request_id,
+        args["kind"],
+        args["prompt"],
+        options,
+        tool_call=call,
+        created_at=created_at,
+        expires_at=expires_at,
+    )
 
 
 def check_response(request: HumanRequest, response: HumanResponse) -> None:
-    """Refuse a response that does not answer *request*."""
-    if not isinstance(response, HumanResponse):
-        raise HumanResponseError(f"resume() needs a HumanResponse, got {type(response).__name__}.")
-    if response.request_id != request.id:
-        raise HumanResponseError(
-            f"This response answers request {response.request_id!r}, but the checkpoint "
-            f"is waiting on request {request.id!r}. Resume with the request id from the "
-            "interruption that produced this checkpoint."
-        )
+    """Refuse a response that does not answer *request* (the request id is matched by
+    the caller)."""
     allowed = _ACTIONS[request.kind]
     if response.action not in allowed:
         raise HumanResponseError(
-            f"Action {response.action!r} does not answer a {request.kind!r} request; "
-            f"use {' or '.join(repr(a) for a in allowed)}."
+            f"Action {response.action!r} does not answer a {request.kind!r} request "
+            f"{request.id!r}; use {' or '.join(repr(a) for a in allowed)}."
         )
     if request.kind == "choice" and not any(o.id == response.value for o in request.options):
         offered = ", ".join(repr(o.id) for o in request.options)
@@ -244,8 +393,12 @@ def check_response(request: HumanRequest, response: HumanResponse) -> None:
 
 
 def answer_result(request: HumanRequest, response: HumanResponse) -> ToolResult:
-    """The ask_human tool result carrying a person's selection or text."""
+    """The tool result a reject, select or submit response gives the call of *request*."""
     call_id = request.tool_call.id
+    if response.action == "reject":
+        reason = response.value
+        text = REJECTION_MESSAGE if not reason else f"{REJECTION_MESSAGE} Reason: {reason}"
+        return ToolResult(call_id, text, True)
     if request.kind == "choice":
         option = next(o for o in request.options if o.id == response.value)
         payload: dict[str, str] = {"selected": option.id, "label": option.label}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +31,19 @@ from ._events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from ._human import check_ask_human, is_ask_human, make_request, needs_human
+from ._human import Decision, HumanRequest, check_ask_human, is_ask_human, make_request
 from ._messages import Message, ToolCall, ToolResult, Usage
 from ._model import Model, ModelRequest, ModelResponse, TextDelta
 from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
+from ._tracing import Tracing
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
 
 Emit = Callable[[StreamEvent], Awaitable[None]]
+Clock = Callable[[], datetime]
 
 
 def new_id(prefix: str) -> str:
@@ -54,6 +57,8 @@ class RunState:
     __slots__ = (
         "agent",
         "context_metadata",
+        "decisions",
+        "deferred",
         "emit",
         "messages",
         "metadata",
@@ -77,6 +82,7 @@ class RunState:
         usage: Usage,
         turns: int,
         emit: Emit | None,
+        decisions: tuple[Decision, ...] = (),
     ) -> None:
         self.agent = agent
         self.run_id = run_id
@@ -88,17 +94,23 @@ class RunState:
         self.usage = usage
         self.turns = turns
         self.emit = emit
+        self.decisions = decisions
+        # A resume saves its next checkpoint itself, atomically with resolving the one it
+        # was given: then settle() parks the checkpoint here (a list) instead of saving it.
+        self.deferred: list[Checkpoint] | None = None
         self.trace: RunTrace | None = None  # set by _tracing when the run is traced
 
 
 class Loop:
     """Runs turns for a :class:`~runlet.Runtime`'s settings."""
 
-    __slots__ = ("max_turns", "store")
+    __slots__ = ("clock", "max_turns", "store", "tracing")
 
-    def __init__(self, store: CheckpointStore | None, max_turns: int) -> None:
+    def __init__(self, store: CheckpointStore | None, max_turns: int, clock: Clock) -> None:
         self.store = store
         self.max_turns = max_turns
+        self.clock = clock
+        self.tracing = Tracing(None, None)
 
     async def drive(self, run: RunState) -> RunResult:
         """Ask the model and handle its tool calls until the run completes or must stop
@@ -135,6 +147,7 @@ class Loop:
                     transcript=tuple(run.transcript),
                     usage=run.usage,
                     run_id=run.run_id,
+                    decisions=run.decisions,
                 )
             results, pending = await self._handle(run, message.tool_calls)
             interrupted = await self.settle(run, results, pending)
@@ -154,17 +167,34 @@ class Loop:
         for call in calls:
             tool = agent._by_name.get(call.name)
             problem = _unknown_tool(call, agent) if tool is None else _check_call(call, tool)
-            if problem is not None:
-                result = results[call.id] = ToolResult(call.id, problem, True)
-                if run.trace is not None:
-                    run.trace.refused_call(call, problem, tool is not None)
-                if emit is not None:
-                    await emit(ToolCallStarted(call))
-                    await emit(ToolCallFinished(call, result))
-            elif needs_human(tool):  # type: ignore[arg-type]  # not None when no problem
-                pending.append(call)
-            else:
-                ready.append((call, tool))  # type: ignore[arg-type]
+            if problem is None:
+                assert tool is not None
+                gate = tool._gate
+                if gate is False:
+                    ready.append((call, tool))
+                    continue
+                if gate is True:
+                    pending.append(call)
+                    continue
+                try:
+                    ask = await tool._needs_approval(call.arguments, tool_context(run, call))
+                except Exception as exc:  # noqa: BLE001 - the call is not run; the model is told
+                    problem = (
+                        f"The approval policy of tool {call.name!r} failed "
+                        f"({type(exc).__name__}: {exc}), so the call was not run."
+                    )
+                else:
+                    if ask:
+                        pending.append(call)
+                    else:
+                        ready.append((call, tool))
+                    continue
+            result = results[call.id] = ToolResult(call.id, problem, True)
+            if run.trace is not None:
+                run.trace.refused_call(call, problem, tool is not None)
+            if emit is not None:
+                await emit(ToolCallStarted(call))
+                await emit(ToolCallFinished(call, result))
         if pending and self.store is None:
             raise CheckpointStoreRequiredError(
                 f"Tool call {pending[0].name!r} needs a person, so the run must save a "
@@ -183,20 +213,28 @@ class Loop:
     async def settle(
         self, run: RunState, results: dict[str, ToolResult], pending: Sequence[ToolCall]
     ) -> RunResult | None:
-        """Interrupt for the first pending call, or, when none is left, append one tool
-        message per call of the last assistant message, in call order."""
-        calls = run.transcript[-1].tool_calls
+        """Interrupt for the pending calls, or, when none is left, append one tool message
+        per call of the last assistant message, in call order."""
         if not pending:
-            if len(calls) == 1:  # the common case, without a generator
-                run.transcript.append(Message.tool(results[calls[0].id]))
-            else:
-                run.transcript.extend([Message.tool(results[call.id]) for call in calls])
+            append_results(run, results)
             return None
-        store = self.store
-        if store is None:  # pragma: no cover - _handle and resume check this first
+        if self.store is None:  # pragma: no cover - _handle and resume check this first
             raise CheckpointStoreRequiredError("This Runtime has no checkpoint store.")
-        call = pending[0]
-        request = make_request(new_id("req"), call, run.agent._by_name[call.name])
+        now = self.clock()
+        by_name = run.agent._by_name
+        requests = [make_request(new_id("req"), c, by_name[c.name], now) for c in pending]
+        return await self.interrupt(run, results, pending, requests)
+
+    async def interrupt(
+        self,
+        run: RunState,
+        results: Mapping[str, ToolResult],
+        pending: Sequence[ToolCall],
+        requests: Sequence[HumanRequest],
+    ) -> RunResult:
+        """Save a checkpoint waiting on *requests* (one per pending call), then report it;
+        during a resume, park it for the resume to save."""
+        calls = run.transcript[-1].tool_calls
         checkpoint = Checkpoint(
             id=new_id("cp"),
             run_id=run.run_id,
@@ -207,23 +245,58 @@ class Loop:
             transcript=tuple(run.transcript),
             results=tuple(results[c.id] for c in calls if c.id in results),
             pending_tool_calls=tuple(pending),
-            request=request,
+            request=requests[0],
+            more_requests=tuple(requests[1:]),
+            decisions=run.decisions,
             usage=run.usage,
             turns=run.turns,
         )
-        await store.save(checkpoint)
         if run.trace is not None:
-            run.trace.interrupted(request, checkpoint.id)
-        if run.emit is not None:
-            await run.emit(Interrupted(request, checkpoint.id))
-        return RunResult(
-            status="interrupted",
-            interruption=request,
-            checkpoint_id=checkpoint.id,
-            transcript=checkpoint.transcript,
-            usage=run.usage,
-            run_id=run.run_id,
-        )
+            run.trace.interrupted(checkpoint)
+        if run.deferred is not None:
+            run.deferred.append(checkpoint)
+        else:
+            await self.store.save(checkpoint)  # type: ignore[union-attr]  # settle checks
+            if run.emit is not None:
+                await run.emit(Interrupted(checkpoint.request, checkpoint.id))
+        return interrupted_result(checkpoint)
+
+
+def interrupted_result(checkpoint: Checkpoint) -> RunResult:
+    """The result that reports *checkpoint*'s interruption."""
+    return RunResult(
+        status="interrupted",
+        interruption=checkpoint.request,
+        checkpoint_id=checkpoint.id,
+        transcript=checkpoint.transcript,
+        usage=checkpoint.usage,
+        run_id=checkpoint.run_id,
+        pending_requests=checkpoint.open_requests,
+        decisions=checkpoint.decisions,
+    )
+
+
+def append_results(run: RunState, results: Mapping[str, ToolResult]) -> None:
+    """Append one tool message per call of the last assistant message, in call order."""
+    calls = run.transcript[-1].tool_calls
+    if len(calls) == 1:  # the common case, without a generator
+        run.transcript.append(Message.tool(results[calls[0].id]))
+    else:
+        run.transcript.extend([Message.tool(results[call.id]) for call in calls])
+
+
+def tool_context(run: RunState, call: ToolCall) -> ToolContext:
+    """The context a call's handler (or approval policy) gets. The idempotency key names
+    the run, the turn and the call, so it is the same for every attempt of this call and
+    differs for a later turn's call that reuses the id."""
+    return ToolContext(
+        run.run_id,
+        call.id,
+        run.agent.name,
+        run.context_metadata,
+        call.name,
+        idempotency_key=f"{run.run_id}/{run.turns}/{call.id}",
+    )
 
 
 async def run_tool(
@@ -233,12 +306,11 @@ async def run_tool(
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
-    context = ToolContext(run.run_id, call.id, run.agent.name, run.context_metadata, call.name)
     trace = run.trace
     if trace is None:
-        content, is_error = await tool._invoke(arguments, context)
+        content, is_error = await tool._invoke(arguments, tool_context(run, call))
     else:
-        content, is_error = await trace.tool(tool, call, arguments, context)
+        content, is_error = await trace.tool(tool, call, arguments, tool_context(run, call))
     result = ToolResult(call.id, content, is_error)
     if emit is not None:
         await emit(ToolCallFinished(call, result))

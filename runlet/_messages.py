@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ._errors import ConfigurationError
+
 __all__ = ["Message", "Role", "ToolCall", "ToolResult", "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -46,7 +48,7 @@ class ToolResult:
 
 def _check_role(_: object, __: attrs.Attribute[str], value: str) -> None:
     if value not in _ROLES:
-        raise ValueError(
+        raise ConfigurationError(
             f"Message role must be one of 'system', 'user', 'assistant' or 'tool', not {value!r}."
         )
 
@@ -67,6 +69,9 @@ class Message:
         content: The text.
         tool_calls: For an assistant message, the tools it asks to call, in order.
         tool_result: For a tool message, the result it carries.
+
+    Raises:
+        ConfigurationError: *role* is not one of the four roles.
     """
 
     role: Role = attrs.field(validator=_check_role)

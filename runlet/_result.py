@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from ._human import HumanRequest
+from ._human import Decision, HumanRequest
 from ._messages import Message, Usage
 
 __all__ = ["RunResult", "RunStatus"]
@@ -28,6 +28,11 @@ class RunResult:
         transcript: Every message of the run so far, input included, oldest first.
         usage: Usage of the whole run, across interruptions and resumes.
         run_id: The run's id, the same across its interruptions and resumes.
+        pending_requests: When interrupted, every request the current turn waits for, in
+            call order; the first is :attr:`interruption`. Answer any of them in one
+            :meth:`~runlet.Runtime.resume` call with ``responses=[...]``.
+        decisions: Every answer people gave this run so far, oldest first (the audit
+            trail; see :class:`~runlet.Decision`).
     """
 
     status: RunStatus
@@ -37,3 +42,5 @@ class RunResult:
     transcript: tuple[Message, ...]
     usage: Usage
     run_id: str
+    pending_requests: tuple[HumanRequest, ...] = ()
+    decisions: tuple[Decision, ...] = ()

@@ -1,31 +1,31 @@
-"""The Runtime: thin entry points (run, resume, stream) over the turn loop."""
+"""The Runtime: thin entry points (run, stream, resume, expire, cancel) over the turn
+loop and the resume bookkeeping."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._agent import Agent
-from ._checkpoint import Checkpoint
+from ._agent import Agent, is_async_method
 from ._errors import (
     CheckpointStoreRequiredError,
     ConfigurationError,
     HumanResponseError,
-    MissingToolError,
     RunletError,
 )
 from ._events import RunFinished, StreamEvent
-from ._human import REJECTION_MESSAGE, HumanResponse, answer_result, check_response
-from ._loop import Emit, Loop, RunState, edited_result, new_id, run_tool
-from ._messages import Message, ToolResult, Usage
+from ._human import HumanResponse, utc_now
+from ._loop import Clock, Emit, Loop, RunState, new_id
+from ._messages import Message, Usage
 from ._result import RunResult
-from ._store import CheckpointStore, ClaimingCheckpointStore, InMemoryCheckpointStore
-from ._tracing import RunTrace, Tracing, resume_span, run_span
+from ._resume import resume
+from ._store import CheckpointStore, DurableCheckpointStore
+from ._tracing import Tracing, cancel_span, run_span
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -36,8 +36,6 @@ STREAM_BUFFER_SIZE = 64
 """How many events a :class:`RunStream` holds for a consumer that has not read them
 yet. When the buffer is full the run waits for the consumer, so a slow consumer slows
 the run down instead of making it buffer without bound."""
-
-_EMPTY: Mapping[str, Any] = {}
 
 
 class Runtime:
@@ -51,6 +49,9 @@ class Runtime:
             stop for a person raises :class:`~runlet.CheckpointStoreRequiredError`.
         max_turns: The most model requests one run may make (across resumes) before it
             fails with :class:`~runlet.MaxTurnsExceededError`.
+        clock: Returns the current time as an aware UTC ``datetime``; requests'
+            ``created_at`` and ``expires_at`` and decisions' times come from it. Tests pass
+            a fake clock to move time without sleeping.
         tracer_provider: An OpenTelemetry tracer provider for this runtime's spans
             (needs ``runlet[otel]``). Without one, runs are traced with the global
             provider once the application has set one, and not at all before; see
@@ -61,27 +62,41 @@ class Runtime:
             environment variable, off unless it is ``true``.
 
     Raises:
-        ConfigurationError: *max_turns* is not a positive integer.
+        ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
+            ``delete`` method, *max_turns* is not a positive integer, or *clock* is not
+            callable.
     """
 
-    __slots__ = ("_claims", "_in_memory", "_loop", "_tracing", "checkpoint_store", "max_turns")
+    __slots__ = ("_durable", "_loop", "checkpoint_store", "max_turns")
 
     def __init__(
         self,
         checkpoint_store: CheckpointStore | None = None,
         *,
         max_turns: int = 50,
+        clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool | None = None,
     ) -> None:
         if type(max_turns) is not int or max_turns < 1:
             raise ConfigurationError(f"max_turns must be a positive int, not {max_turns!r}.")
+        if clock is not None and not callable(clock):
+            raise ConfigurationError(
+                f"clock must be a function returning an aware UTC datetime, not {clock!r}."
+            )
+        if checkpoint_store is not None and not all(
+            is_async_method(checkpoint_store, name) for name in ("save", "load", "delete")
+        ):
+            raise ConfigurationError(
+                "checkpoint_store must be a CheckpointStore, an object with async save(), "
+                f"load() and delete() methods; got {type(checkpoint_store).__name__}. Use "
+                "InMemoryCheckpointStore() or a store of your own."
+            )
         self.checkpoint_store = checkpoint_store
         self.max_turns = max_turns
-        self._claims = isinstance(checkpoint_store, ClaimingCheckpointStore)
-        self._in_memory = type(checkpoint_store) is InMemoryCheckpointStore
-        self._loop = Loop(checkpoint_store, max_turns)
-        self._tracing = Tracing(tracer_provider, trace_content)
+        self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
+        self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else clock)
+        self._loop.tracing = Tracing(tracer_provider, trace_content)
 
     def __repr__(self) -> str:
         return f"Runtime(checkpoint_store={self.checkpoint_store!r}, max_turns={self.max_turns})"
@@ -109,12 +124,16 @@ class Runtime:
             checkpoint to resume.
 
         Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent`.
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message``.
             ModelError: The model adapter failed.
             MaxTurnsExceededError: The run made too many model requests.
             CheckpointStoreRequiredError: A call needs a person and there is no store.
+            CheckpointSerializationError: The store could not save the checkpoint (when
+                it writes JSON, for instance); other errors from the store propagate.
         """
         run = self._start(agent, input, options, metadata, None)
-        with run_span(self._tracing, run):
+        with run_span(self._loop.tracing, run):
             return await self._loop.drive(run)
 
     def stream(
@@ -136,112 +155,136 @@ class Runtime:
         Leaving the ``async with`` block early (``break``, an exception, cancellation)
         stops the run: the model stream is closed and running tools are cancelled
         before the block exits.
+
+        Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent` (at once).
+            RunletError: *input* is neither a ``str`` nor a sequence of ``Message`` (at
+                once). The errors of :meth:`run` are raised while iterating.
         """
         run = self._start(agent, input, options, metadata, None)
-        return RunStream(self._loop, run, self._tracing)
+        loop = self._loop
+
+        async def start(emit: Emit) -> RunResult:
+            run.emit = emit
+            with run_span(loop.tracing, run):  # inside the stream's task
+                return await loop.drive(run)
+
+        return RunStream(start)
 
     async def resume(
-        self, agent: Agent, *, checkpoint_id: str, response: HumanResponse
+        self,
+        agent: Agent,
+        *,
+        checkpoint_id: str,
+        response: HumanResponse | None = None,
+        responses: Sequence[HumanResponse] | None = None,
     ) -> RunResult:
-        """Continue an interrupted run with a person's *response*.
+        """Continue an interrupted run with a person's answer.
 
-        The response must answer the checkpoint's open request. Approve runs the real
-        handler (with ``edited_arguments`` if given); reject records the fixed rejection
-        result; select and submit become the result of the ``ask_human`` call. Then the
-        run goes on until it completes or interrupts again (with a new checkpoint).
+        Give ``response=`` (the answer to ``result.interruption``) or ``responses=`` (answers
+        to any of ``result.pending_requests``, in one call). Approve runs the real handler
+        (with ``edited_arguments`` if given); reject records the fixed rejection result
+        (and the reason, if one is given); select and submit become the result of the
+        ``ask_human`` call. When every request of the turn is answered, the run goes on
+        until it completes or interrupts again (with a new checkpoint); otherwise it
+        interrupts again at once, with a new checkpoint for the requests left.
 
-        When the resume finishes, its checkpoint is retired (deleted) as the very last
-        step. When it raises, including when it is cancelled, the checkpoint stays as it
-        was: loadable and resumable.
+        With a :class:`~runlet.DurableCheckpointStore` (the in-memory store and Runlet's
+        durable stores) this is exactly once: the response is checked before the
+        checkpoint is claimed; decisions and tool results are recorded before the run
+        goes on, so a retry after any failure never runs a recorded call again; and once a
+        resume finished, repeating it with an equal response returns the same result
+        without running anything. With a plain :class:`~runlet.CheckpointStore`, a resume
+        that fails after an approved call ran runs it again when retried.
+
+        A resume that raises, including when it is cancelled, leaves the checkpoint
+        resumable and keeps every result it recorded.
 
         Args:
             agent: An agent with the same name and tools as the interrupted one; it
                 supplies the handlers, which checkpoints never hold.
             checkpoint_id: The ``checkpoint_id`` of the interrupted result.
             response: The person's answer to ``result.interruption``.
+            responses: Answers to several of ``result.pending_requests``.
 
         Raises:
             CheckpointStoreRequiredError: The runtime has no store.
-            CheckpointNotFoundError: No such checkpoint (or it was already resumed).
-            CheckpointClaimedError: Another resume of it is under way.
-            HumanResponseError: The response does not answer the open request.
+            CheckpointNotFoundError: No such checkpoint.
+            CheckpointCancelledError: It was cancelled with :meth:`cancel`.
+            CheckpointClaimedError: Another resume of it is under way right now.
+            HumanResponseError: A response does not answer an open request (wrong id,
+                action, option, or arguments that fail the tool's schema).
+            HumanResponseConflictError: The request was already answered differently.
+            HumanRequestExpiredError: The request expired before the answer came.
             MissingToolError: *agent* lacks a tool the checkpoint needs.
+            CheckpointSerializationError: The checkpoint does not hang together.
+            LeaseLostError: The resume took longer than its store's lease without being
+                able to renew it, and another resume took over.
             ModelError: The model adapter failed after the response was applied.
+            MaxTurnsExceededError: The run made too many model requests.
+        """
+        answers = _responses(response, responses)
+        return await resume(self._loop, self._durable, agent, checkpoint_id, answers, None)
+
+    def stream_resume(
+        self,
+        agent: Agent,
+        *,
+        checkpoint_id: str,
+        response: HumanResponse | None = None,
+        responses: Sequence[HumanResponse] | None = None,
+    ) -> RunStream:
+        """:meth:`resume` as a :class:`RunStream`, used exactly like :meth:`stream`:
+        ``async with runtime.stream_resume(...) as stream: async for event in stream``.
+
+        Errors that :meth:`resume` raises are raised from the iteration. If the resumed
+        run interrupts again, an :class:`~runlet.Interrupted` event is sent once the next
+        checkpoint is stored.
+        """
+        answers = _responses(response, responses)
+        loop, durable = self._loop, self._durable
+
+        def start(emit: Emit) -> Awaitable[RunResult]:
+            return resume(loop, durable, agent, checkpoint_id, answers, emit)
+
+        return RunStream(start)
+
+    async def expire(self, agent: Agent, *, checkpoint_id: str) -> RunResult:
+        """Give up waiting: every open request of the checkpoint gets the fixed expiry
+        result (:data:`~runlet.EXPIRY_MESSAGE`, an error result the model reads) and the
+        run goes on, exactly like a resume. Use it once a request's ``expires_at`` passed
+        (a late answer raises :class:`~runlet.HumanRequestExpiredError`), or any time an
+        application stops waiting. Repeating it returns the stored result.
+
+        Raises:
+            CheckpointResolvedError: The checkpoint was already answered.
+            RunletError: The other errors of :meth:`resume`, except those about a response.
+        """
+        return await resume(self._loop, self._durable, agent, checkpoint_id, None, None)
+
+    async def cancel(self, checkpoint_id: str) -> None:
+        """Retire a checkpoint without running anything; resuming it then raises
+        :class:`~runlet.CheckpointCancelledError`. Cancelling twice is fine. With a plain
+        :class:`~runlet.CheckpointStore` the checkpoint is deleted instead (a resume then
+        raises :class:`~runlet.CheckpointNotFoundError`).
+
+        Raises:
+            CheckpointStoreRequiredError: The runtime has no store.
+            CheckpointNotFoundError: No such checkpoint.
+            CheckpointClaimedError: A resume holds it right now; try again.
+            CheckpointResolvedError: A resume already finished with it.
         """
         store = self.checkpoint_store
         if store is None:
             raise CheckpointStoreRequiredError(
-                "resume() needs the checkpoint store the run was saved in; this Runtime "
-                "has none. Create it with Runtime(checkpoint_store=...)."
+                "cancel() needs the checkpoint store the run was saved in; this Runtime has none."
             )
-        if self._claims:
-            checkpoint = await store.claim(checkpoint_id)  # type: ignore[attr-defined]
-        else:
-            checkpoint = await store.load(checkpoint_id)
-        try:
-            with resume_span(self._tracing, agent, checkpoint, response) as trace:
-                result = await self._continue(agent, checkpoint, response, trace)
-        except BaseException:
-            if self._claims:
-                with anyio.CancelScope(shield=True):
-                    await store.release(checkpoint_id)  # type: ignore[attr-defined]
-            raise
-        if self._in_memory:
-            # Its delete never yields, so no cancellation can stop it halfway; a shield
-            # would change nothing, and costs ~13 µs per resume on trio.
-            await store.delete(checkpoint_id)
-        else:
-            with anyio.CancelScope(shield=True):
-                await store.delete(checkpoint_id)
-        return result
-
-    async def _continue(
-        self,
-        agent: Agent,
-        checkpoint: Checkpoint,
-        response: HumanResponse,
-        trace: RunTrace | None = None,
-    ) -> RunResult:
-        request = checkpoint.request
-        check_response(request, response)
-        _check_agent(agent, checkpoint)
-        call = checkpoint.pending_tool_calls[0]
-        tool = agent._by_name[call.name]
-        run = RunState(
-            agent=agent,
-            run_id=checkpoint.run_id,
-            messages=checkpoint.messages,
-            transcript=list(checkpoint.transcript),
-            options=checkpoint.options,
-            metadata=checkpoint.metadata,
-            usage=checkpoint.usage,
-            turns=checkpoint.turns,
-            emit=None,
-        )
-        run.trace = trace
-        action = response.action
-        if action == "approve":
-            edited = response.edited_arguments
-            if edited is None:
-                result = await run_tool(run, call, tool, call.arguments)
+        with cancel_span(self._loop.tracing, checkpoint_id):
+            if self._durable:
+                await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
             else:
-                problem = tool._check_arguments(edited)
-                if problem is not None:
-                    raise HumanResponseError(
-                        f"edited_arguments do not fit tool {call.name!r}: {problem}. "
-                        "Correct them and resume again; the checkpoint is unchanged."
-                    )
-                result = edited_result(await run_tool(run, call, tool, edited), edited)
-        elif action == "reject":
-            result = ToolResult(call.id, REJECTION_MESSAGE, True)
-        else:
-            result = answer_result(request, response)
-        results = {known.tool_call_id: known for known in checkpoint.results}
-        results[call.id] = result
-        interrupted = await self._loop.settle(run, results, checkpoint.pending_tool_calls[1:])
-        if interrupted is not None:
-            return interrupted
-        return await self._loop.drive(run)
+                await store.load(checkpoint_id)
+                await store.delete(checkpoint_id)
 
     def _start(
         self,
@@ -268,34 +311,34 @@ class Runtime:
             run_id=new_id("run"),
             messages=messages,
             transcript=list(messages),
-            options=_EMPTY if options is None else dict(options),
-            metadata=_EMPTY if metadata is None else dict(metadata),
+            # Each run gets its own copies, so nothing one run (or its model adapter)
+            # does to them reaches another run or the caller's dicts.
+            options=MappingProxyType({} if options is None else dict(options)),
+            metadata={} if metadata is None else dict(metadata),
             usage=Usage(),
             turns=0,
             emit=emit,
         )
 
 
-def _check_agent(agent: Agent, checkpoint: Checkpoint) -> None:
-    if not isinstance(agent, Agent):
-        raise ConfigurationError(f"Expected an Agent, got {type(agent).__name__}.")
-    if agent.name != checkpoint.agent_name:
-        raise MissingToolError(
-            f"Checkpoint {checkpoint.id!r} belongs to agent {checkpoint.agent_name!r}, but "
-            f"resume() was given agent {agent.name!r}. Resume with the agent that was "
-            "interrupted.",
-            checkpoint_id=checkpoint.id,
-            tool_name=None,
+def _responses(
+    response: HumanResponse | None, responses: Sequence[HumanResponse] | None
+) -> Sequence[HumanResponse]:
+    if response is not None:
+        if responses is not None:
+            raise HumanResponseError("Give either response= or responses= to resume(), not both.")
+        return (response,)
+    if responses is None:
+        raise HumanResponseError(
+            "resume() needs the person's answer: response=HumanResponse(...) or responses=[...]."
         )
-    for call in checkpoint.pending_tool_calls:
-        if call.name not in agent._by_name:
-            raise MissingToolError(
-                f"Checkpoint {checkpoint.id!r} has a pending call of tool {call.name!r}, but "
-                f"the agent given to resume() has no such tool. Add the tool to agent "
-                f"{agent.name!r}.",
-                checkpoint_id=checkpoint.id,
-                tool_name=call.name,
-            )
+    if isinstance(responses, (str, bytes, HumanResponse)) or not isinstance(responses, Sequence):
+        raise HumanResponseError(
+            f"responses= must be a list of HumanResponse objects, not {type(responses).__name__}."
+        )
+    if not responses:
+        raise HumanResponseError("responses= is empty; answer at least one pending request.")
+    return tuple(responses)
 
 
 class RunStream:
@@ -310,12 +353,10 @@ class RunStream:
     :class:`~runlet.ModelError`), unwrapped.
     """
 
-    __slots__ = ("_error", "_group", "_loop", "_receive", "_result", "_run", "_send", "_tracing")
+    __slots__ = ("_error", "_group", "_receive", "_result", "_send", "_start")
 
-    def __init__(self, loop: Loop, run: RunState, tracing: Tracing) -> None:
-        self._loop = loop
-        self._run = run
-        self._tracing = tracing
+    def __init__(self, start: Callable[[Emit], Awaitable[RunResult]]) -> None:
+        self._start = start
         self._result: RunResult | None = None
         self._error: Exception | None = None
         self._group: TaskGroup | None = None
@@ -343,7 +384,6 @@ class RunStream:
             raise RunletError("A RunStream can be entered only once; call stream() again.")
         send, receive = anyio.create_memory_object_stream[StreamEvent](STREAM_BUFFER_SIZE)
         self._send, self._receive = send, receive
-        self._run.emit = send.send
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
@@ -388,8 +428,7 @@ class RunStream:
     async def _produce(self, send: MemoryObjectSendStream[StreamEvent]) -> None:
         with send:
             try:
-                with run_span(self._tracing, self._run):
-                    result = await self._loop.drive(self._run)
+                result = await self._start(send.send)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer
                 self._error = exc
                 return

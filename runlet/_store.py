@@ -1,23 +1,168 @@
-"""Where checkpoints live between an interruption and its resume."""
+"""Where checkpoints live between an interruption and its resume.
+
+Two protocols:
+
+- :class:`CheckpointStore`, three methods (save, load, delete). Enough for resume, with
+  at-least-once behaviour: an approved call whose resume failed later may run again.
+- :class:`DurableCheckpointStore`, the exactly-once protocol: an atomic claim with a lease
+  and a token, records of the decisions and tool results of the interrupted turn,
+  resolution with the stored outcome, cancellation, and listing of open requests.
+  :class:`InMemoryCheckpointStore` and the stores in :mod:`runlet.stores` implement it.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import itertools
+import os
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import attrs
 
 from ._checkpoint import Checkpoint
-from ._errors import CheckpointClaimedError, CheckpointNotFoundError
+from ._errors import (
+    CheckpointCancelledError,
+    CheckpointClaimedError,
+    CheckpointNotFoundError,
+    CheckpointResolvedError,
+    ConfigurationError,
+    LeaseLostError,
+)
+from ._human import Decision, HumanRequest
+from ._messages import ToolResult
+from ._result import RunResult
 
-__all__ = ["CheckpointStore", "ClaimingCheckpointStore", "InMemoryCheckpointStore"]
+__all__ = [
+    "CallRecord",
+    "CheckpointStatus",
+    "CheckpointStore",
+    "Claim",
+    "DurableCheckpointStore",
+    "InMemoryCheckpointStore",
+    "PendingRequest",
+    "Resolution",
+    "StoredCheckpoint",
+]
+
+CheckpointStatus = Literal["pending", "claimed", "resolved", "cancelled"]
+
+
+@attrs.frozen(kw_only=True)
+class CallRecord:
+    """What a resume recorded about one call of the interrupted turn, before acting on it.
+
+    A record with a :attr:`decision` but no :attr:`result` means the call was approved
+    and its handler may have started: if the resume that wrote it never finished, the
+    call's outcome is unknown.
+
+    Attributes:
+        tool_call_id: The call.
+        decision: The person's answer (or the expiry) that decided the call.
+        result: The call's result, once known.
+    """
+
+    tool_call_id: str
+    decision: Decision
+    result: ToolResult | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Resolution:
+    """The stored outcome of a checkpoint whose resume finished.
+
+    Attributes:
+        decisions: The answers accepted for this checkpoint's requests, in call order.
+        result: What the resume returned; an equal response gets it again.
+        resolved_at: When the checkpoint was resolved (aware UTC).
+    """
+
+    decisions: tuple[Decision, ...]
+    result: RunResult
+    resolved_at: datetime
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """A held claim on a checkpoint, returned by :meth:`DurableCheckpointStore.claim`.
+
+    Attributes:
+        checkpoint: The checkpoint.
+        token: Proves the claim in every later write; a write with a token that no longer
+            holds the checkpoint raises :class:`~runlet.LeaseLostError`.
+        records: What earlier attempts recorded (decisions and results), if any.
+    """
+
+    checkpoint: Checkpoint
+    token: str
+    records: tuple[CallRecord, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class StoredCheckpoint:
+    """A checkpoint with its state in a durable store.
+
+    Attributes:
+        checkpoint: The checkpoint.
+        status: ``"pending"`` (waiting for an answer), ``"claimed"`` (a resume holds it),
+            ``"resolved"`` (a resume finished; :attr:`resolution` says how) or
+            ``"cancelled"``.
+        records: Decisions and results recorded by resumes so far.
+        resolution: The stored outcome when resolved.
+    """
+
+    checkpoint: Checkpoint
+    status: CheckpointStatus
+    records: tuple[CallRecord, ...] = ()
+    resolution: Resolution | None = None
+
+
+@attrs.frozen
+class PendingRequest:
+    """An open request, as :meth:`DurableCheckpointStore.list_pending` lists it.
+
+    Attributes:
+        checkpoint_id: The checkpoint to resume.
+        run_id: The run it belongs to.
+        agent_name: The interrupted agent's name.
+        request: The first open request (the run's ``interruption``).
+        metadata: The run's metadata.
+        created_at: When the run stopped (the request's ``created_at``).
+        requests: Every open request of the checkpoint, in call order.
+    """
+
+    checkpoint_id: str
+    run_id: str
+    agent_name: str
+    request: HumanRequest
+    metadata: Mapping[str, Any]
+    created_at: datetime
+    requests: tuple[HumanRequest, ...] = ()
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> PendingRequest:
+        """The pending request of *checkpoint*."""
+        request = checkpoint.request
+        return cls(
+            checkpoint.id,
+            checkpoint.run_id,
+            checkpoint.agent_name,
+            request,
+            checkpoint.metadata,
+            request.created_at,
+            checkpoint.open_requests,
+        )
 
 
 @runtime_checkable
 class CheckpointStore(Protocol):
     """Saves, loads and deletes checkpoints.
 
-    Implement it over your own database for checkpoints that survive restarts: store
-    :func:`~runlet.unstructure_checkpoint` data and rebuild with
-    :func:`~runlet.structure_checkpoint`. To make concurrent resumes of one checkpoint
-    safe, implement :class:`ClaimingCheckpointStore` as well.
+    Three methods are enough to resume runs across processes, at least once: if a resume
+    fails after an approved call ran (the model fails next, the process dies), resuming
+    again runs that call again. For exactly once, implement :class:`DurableCheckpointStore`
+    (or use one of Runlet's stores).
     """
 
     async def save(self, checkpoint: Checkpoint) -> None:
@@ -38,96 +183,416 @@ class CheckpointStore(Protocol):
 
 
 @runtime_checkable
-class ClaimingCheckpointStore(CheckpointStore, Protocol):
-    """A store that lets one resume at a time hold a checkpoint.
+class DurableCheckpointStore(CheckpointStore, Protocol):
+    """The exactly-once store protocol. Every store Runlet ships implements it, and
+    :func:`runlet.testing.store_conformance_tests` checks an implementation.
 
-    :meth:`~runlet.Runtime.resume` claims the checkpoint before it does anything, deletes
-    it when the resume finishes, and releases the claim when the resume fails, so a
-    second, concurrent resume of the same checkpoint is refused instead of running the
-    approved tool again. A durable implementation needs an atomic claim (a conditional
-    update, a row lock, or a lease with an expiry so a crashed process does not hold the
-    checkpoint forever).
+    A checkpoint is ``pending`` when saved; :meth:`claim` makes it ``claimed`` for
+    :attr:`lease` seconds under a fresh token; the claimant records decisions and results
+    (:meth:`record`), renews the lease while it works (:meth:`renew`), and finally either
+    resolves the checkpoint with its outcome (:meth:`resolve`, which also saves the next
+    checkpoint, atomically) or gives it back (:meth:`release`). A claim whose lease ran out
+    can be taken over by another :meth:`claim`; from then on the old token's writes raise
+    :class:`~runlet.LeaseLostError`. Records survive a release and a takeover.
+
+    Guarantees a store must give:
+
+    - :meth:`claim` is atomic: among any number of concurrent claimers (processes,
+      machines) exactly one wins while the lease holds.
+    - Every write after a claim checks the token in the same atomic step as the write.
+    - :meth:`resolve` stores the outcome and saves the next checkpoint in one atomic step.
+    - Lease times come from one clock shared by all claimers (the database's).
     """
 
-    async def claim(self, checkpoint_id: str) -> Checkpoint:
-        """Atomically mark the checkpoint as being resumed and return it.
+    @property
+    def lease(self) -> float | None:
+        """Seconds a claim lasts without renewal; ``None`` means until released."""
+        ...
+
+    async def get(self, checkpoint_id: str) -> StoredCheckpoint:
+        """The checkpoint with its status, records and resolution.
 
         Raises:
-            CheckpointNotFoundError: There is no such checkpoint.
-            CheckpointClaimedError: It is already claimed.
+            CheckpointNotFoundError: There is none.
         """
         ...
 
-    async def release(self, checkpoint_id: str) -> None:
-        """Undo :meth:`claim`, so the checkpoint can be resumed again."""
+    async def claim(self, checkpoint_id: str) -> Claim:
+        """Atomically take the checkpoint for one resume.
+
+        Raises:
+            CheckpointNotFoundError: There is none.
+            CheckpointCancelledError: It was cancelled.
+            CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
+            CheckpointClaimedError: Another claim holds it and its lease has not run out.
+        """
         ...
+
+    async def renew(self, checkpoint_id: str, token: str) -> None:
+        """Extend the claim's lease by :attr:`lease` seconds from now.
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        ...
+
+    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+        """Add or replace (by ``tool_call_id``) records of the checkpoint, atomically.
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        ...
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """Mark the checkpoint resolved with *resolution* and save *next_checkpoint* (the
+        run's next interruption, if any) as pending, in one atomic step.
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        ...
+
+    async def release(self, checkpoint_id: str, token: str) -> None:
+        """Give the claim back, so the checkpoint is pending again (records are kept).
+        Does nothing if *token* no longer holds it."""
+        ...
+
+    async def cancel(self, checkpoint_id: str) -> None:
+        """Retire the checkpoint without resolving it; cancelling twice is fine.
+
+        Raises:
+            CheckpointNotFoundError: There is none.
+            CheckpointClaimedError: A resume holds it right now.
+            CheckpointResolvedError: It was already resolved.
+        """
+        ...
+
+    async def list_pending(
+        self,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        agent_name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Sequence[PendingRequest]:
+        """Checkpoints waiting for an answer (pending or claimed), oldest first.
+
+        Args:
+            limit: At most this many.
+            after: The last ``checkpoint_id`` of the previous page.
+            agent_name: Only this agent's.
+            metadata: Only runs whose metadata has each of these top-level keys with an
+                equal value.
+        """
+        ...
+
+    async def decisions(self, run_id: str) -> Sequence[Decision]:
+        """Every decision recorded for the run's checkpoints, oldest first."""
+        ...
+
+
+_TOKENS = itertools.count()
+_PROCESS = os.urandom(8).hex()
+
+
+def _new_process() -> None:
+    # A forked worker (gunicorn, multiprocessing) must not repeat its parent's tokens.
+    global _PROCESS, _TOKENS
+    _PROCESS = os.urandom(8).hex()
+    _TOKENS = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process)
+
+
+def new_token() -> str:
+    """A fresh claim token: unique across processes (a random per-process prefix) and
+    within one (a counter), and cheap. Tokens fence writes; they are not secrets."""
+    return f"{_PROCESS}-{next(_TOKENS)}"
+
+
+def check_limit(limit: object) -> None:
+    """Refuse a ``list_pending`` limit that is not a positive int."""
+    if type(limit) is not int or limit < 1:
+        raise ConfigurationError(f"list_pending(limit=...) must be a positive int, not {limit!r}.")
+
+
+def check_lease(lease: object) -> None:
+    """Refuse a lease that is not a non-negative number of seconds (or None)."""
+    if lease is not None and (
+        type(lease) not in (int, float) or not 0 <= lease < float("inf")  # type: ignore[operator]
+    ):
+        raise ConfigurationError(
+            f"lease must be a non-negative number of seconds (or None), not {lease!r}."
+        )
+
+
+def metadata_matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
+    """Whether *metadata* has every top-level key of *wanted* with an equal value."""
+    if not wanted:
+        return True
+    missing = object()
+    return all(metadata.get(key, missing) == value for key, value in wanted.items())
+
+
+class _Entry:
+    __slots__ = ("checkpoint", "lease_until", "records", "resolution", "seq", "status", "token")
+
+    def __init__(self, checkpoint: Checkpoint, seq: int) -> None:
+        self.checkpoint = checkpoint
+        self.seq = seq
+        self.status: CheckpointStatus = "pending"
+        self.token: str | None = None
+        self.lease_until = 0.0
+        self.records: dict[str, CallRecord] = {}
+        self.resolution: Resolution | None = None
 
 
 class InMemoryCheckpointStore:
-    """A :class:`ClaimingCheckpointStore` that keeps checkpoints in a dict.
+    """A :class:`DurableCheckpointStore` that keeps checkpoints in memory.
 
     Checkpoints last only as long as the process: use it for tests, demos and
-    single-process apps. Claims are atomic because they involve no ``await`` between
-    the check and the update.
+    single-process apps. Every operation completes without yielding to the event loop, so
+    each is atomic. Resolved and cancelled checkpoints are kept (so a repeated resume
+    returns the stored result) until :meth:`delete`.
+
+    Args:
+        lease: Seconds a claim lasts; ``None`` (the default) means until the resume that
+            holds it finishes or fails, which is right within one process.
     """
 
-    def __init__(self) -> None:
-        self._checkpoints: dict[str, Checkpoint] = {}
-        self._claimed: set[str] = set()
+    def __init__(self, *, lease: float | None = None) -> None:
+        check_lease(lease)
+        self._lease = lease
+        self._entries: dict[str, _Entry] = {}
+        self._seq = 0
+
+    @property
+    def lease(self) -> float | None:
+        """Seconds a claim lasts without renewal; ``None`` means until released."""
+        return self._lease
+
+    def __repr__(self) -> str:
+        return f"InMemoryCheckpointStore(lease={self._lease!r})"
 
     def __len__(self) -> int:
-        return len(self._checkpoints)
+        """How many checkpoints wait for an answer (pending or claimed)."""
+        return sum(1 for entry in self._entries.values() if entry.status in ("pending", "claimed"))
 
     def __contains__(self, checkpoint_id: object) -> bool:
-        return checkpoint_id in self._checkpoints
+        """Whether the checkpoint waits for an answer (pending or claimed)."""
+        entry = self._entries.get(checkpoint_id)  # type: ignore[call-overload]
+        return entry is not None and entry.status in ("pending", "claimed")
 
     async def save(self, checkpoint: Checkpoint) -> None:
-        """Store *checkpoint*, replacing any with the same id."""
-        self._checkpoints[checkpoint.id] = checkpoint
+        """Store *checkpoint* as pending (replacing the data of one with the same id)."""
+        self._put(checkpoint)
 
     async def load(self, checkpoint_id: str) -> Checkpoint:
-        """Return the checkpoint, whether or not it is claimed.
+        """Return the checkpoint, whatever its state.
 
         Raises:
             CheckpointNotFoundError: There is none with this id.
+            CheckpointCancelledError: It was cancelled.
         """
-        try:
-            return self._checkpoints[checkpoint_id]
-        except KeyError:
-            raise _not_found(checkpoint_id) from None
+        entry = self._entry(checkpoint_id)
+        if entry.status == "cancelled":
+            raise cancelled_error(checkpoint_id)
+        return entry.checkpoint
 
     async def delete(self, checkpoint_id: str) -> None:
-        """Remove the checkpoint (and its claim)."""
-        self._checkpoints.pop(checkpoint_id, None)
-        self._claimed.discard(checkpoint_id)
+        """Forget the checkpoint with its records and outcome."""
+        self._entries.pop(checkpoint_id, None)
 
-    async def claim(self, checkpoint_id: str) -> Checkpoint:
-        """Mark the checkpoint as being resumed and return it.
+    async def get(self, checkpoint_id: str) -> StoredCheckpoint:
+        """The checkpoint with its status, records and resolution."""
+        entry = self._entry(checkpoint_id)
+        return StoredCheckpoint(
+            checkpoint=entry.checkpoint,
+            status=entry.status,
+            records=tuple(entry.records.values()),
+            resolution=entry.resolution,
+        )
 
-        Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointClaimedError: Another resume holds it.
-        """
-        checkpoint = await self.load(checkpoint_id)
-        if checkpoint_id in self._claimed:
+    async def claim(self, checkpoint_id: str) -> Claim:
+        """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
+        entry = self._entry(checkpoint_id)
+        status = entry.status
+        if status == "claimed":
+            if self._held_now(entry):
+                raise CheckpointClaimedError(
+                    f"Checkpoint {checkpoint_id!r} is being resumed by another caller right "
+                    "now. Wait for that resume: it either resolves the checkpoint (then "
+                    "repeating your response returns its result) or leaves it resumable.",
+                    checkpoint_id=checkpoint_id,
+                )
+        elif status != "pending":
+            _refuse_final(entry, checkpoint_id)
+        entry.status = "claimed"
+        entry.token = token = new_token()
+        if self._lease is not None:
+            entry.lease_until = time.monotonic() + self._lease
+        return Claim(
+            checkpoint=entry.checkpoint, token=token, records=tuple(entry.records.values())
+        )
+
+    async def renew(self, checkpoint_id: str, token: str) -> None:
+        """Extend the lease; raises :class:`~runlet.LeaseLostError` for a stale token."""
+        entry = self._holding(checkpoint_id, token)
+        if self._lease is not None:
+            entry.lease_until = time.monotonic() + self._lease
+
+    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+        """Add or replace records; raises :class:`~runlet.LeaseLostError` for a stale token."""
+        entry = self._holding(checkpoint_id, token)
+        for record in records:
+            entry.records[record.tool_call_id] = record
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """Resolve the checkpoint and save the next one; raises
+        :class:`~runlet.LeaseLostError` for a stale token."""
+        entry = self._holding(checkpoint_id, token)
+        entry.status = "resolved"
+        entry.token = None
+        entry.resolution = resolution
+        if next_checkpoint is not None:
+            self._put(next_checkpoint)
+
+    async def release(self, checkpoint_id: str, token: str) -> None:
+        """Give the claim back; does nothing for a stale token."""
+        entry = self._entries.get(checkpoint_id)
+        if entry is not None and entry.status == "claimed" and entry.token == token:
+            entry.status = "pending"
+            entry.token = None
+
+    async def cancel(self, checkpoint_id: str) -> None:
+        """Retire the checkpoint (see :meth:`DurableCheckpointStore.cancel`)."""
+        entry = self._entry(checkpoint_id)
+        if entry.status == "claimed" and self._held_now(entry):
             raise CheckpointClaimedError(
-                f"Checkpoint {checkpoint_id!r} is being resumed by another caller right now. "
-                "Wait for that resume: it either finishes the checkpoint or, if it fails, "
-                "leaves it resumable.",
+                f"Checkpoint {checkpoint_id!r} is being resumed right now and cannot be "
+                "cancelled; try again once that resume has finished or failed.",
                 checkpoint_id=checkpoint_id,
             )
-        self._claimed.add(checkpoint_id)
-        return checkpoint
+        if entry.status == "resolved":
+            _refuse_final(entry, checkpoint_id)
+        entry.status = "cancelled"
+        entry.token = None
 
-    async def release(self, checkpoint_id: str) -> None:
-        """Undo :meth:`claim`."""
-        self._claimed.discard(checkpoint_id)
+    async def list_pending(
+        self,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        agent_name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Sequence[PendingRequest]:
+        """Checkpoints waiting for an answer, oldest first (see
+        :meth:`DurableCheckpointStore.list_pending`)."""
+        check_limit(limit)
+        start = -1 if after is None else self._entry(after).seq
+        found: list[PendingRequest] = []
+        for entry in self._entries.values():  # in insertion order, which is seq order
+            if entry.seq <= start or entry.status not in ("pending", "claimed"):
+                continue
+            checkpoint = entry.checkpoint
+            if agent_name is not None and checkpoint.agent_name != agent_name:
+                continue
+            if not metadata_matches(checkpoint.metadata, metadata):
+                continue
+            found.append(PendingRequest.of(checkpoint))
+            if len(found) == limit:
+                break
+        return found
+
+    async def decisions(self, run_id: str) -> Sequence[Decision]:
+        """Every decision recorded for the run's checkpoints, oldest first."""
+        found = [
+            record.decision
+            for entry in self._entries.values()
+            if entry.checkpoint.run_id == run_id
+            for record in entry.records.values()
+        ]
+        found.sort(key=lambda decision: decision.decided_at)
+        return found
+
+    def _put(self, checkpoint: Checkpoint) -> None:
+        entry = self._entries.get(checkpoint.id)
+        if entry is None:
+            self._seq += 1
+            self._entries[checkpoint.id] = _Entry(checkpoint, self._seq)
+        else:
+            entry.checkpoint = checkpoint
+
+    def _entry(self, checkpoint_id: str) -> _Entry:
+        try:
+            return self._entries[checkpoint_id]
+        except KeyError:
+            raise not_found(checkpoint_id) from None
+
+    def _held_now(self, entry: _Entry) -> bool:
+        return self._lease is None or time.monotonic() < entry.lease_until
+
+    def _holding(self, checkpoint_id: str, token: str) -> _Entry:
+        entry = self._entries.get(checkpoint_id)
+        if entry is None or entry.status != "claimed" or entry.token != token:
+            raise lease_lost(checkpoint_id)
+        return entry
 
 
-def _not_found(checkpoint_id: str) -> CheckpointNotFoundError:
+def _refuse_final(entry: _Entry, checkpoint_id: str) -> None:
+    if entry.status == "cancelled":
+        raise cancelled_error(checkpoint_id)
+    raise resolved_error(checkpoint_id, entry.resolution)
+
+
+def not_found(checkpoint_id: str) -> CheckpointNotFoundError:
+    """The error for a checkpoint id a store does not know."""
     return CheckpointNotFoundError(
-        f"No checkpoint {checkpoint_id!r}: it was never saved in this store, was deleted, "
-        "or a resume already finished with it (a resumed checkpoint is retired). Use the "
-        "checkpoint_id of the latest interruption.",
+        f"No checkpoint {checkpoint_id!r}: it was never saved in this store, or it was "
+        "deleted. Use the checkpoint_id of the latest interruption.",
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def cancelled_error(checkpoint_id: str) -> CheckpointCancelledError:
+    """The error for a cancelled checkpoint."""
+    return CheckpointCancelledError(
+        f"Checkpoint {checkpoint_id!r} was cancelled, so it can no longer be resumed. "
+        "Start a new run if the work is still wanted.",
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def resolved_error(checkpoint_id: str, resolution: Resolution | None) -> CheckpointResolvedError:
+    """The error for a checkpoint that was already resolved."""
+    return CheckpointResolvedError(
+        f"Checkpoint {checkpoint_id!r} was already resolved: a resume finished with it. "
+        "Resuming it again with the same response returns the stored result.",
+        checkpoint_id=checkpoint_id,
+        resolution=resolution,
+    )
+
+
+def lease_lost(checkpoint_id: str) -> LeaseLostError:
+    """The error for a write whose claim token no longer holds the checkpoint."""
+    return LeaseLostError(
+        f"This resume no longer holds checkpoint {checkpoint_id!r}: its lease ran out and "
+        "another resume took it over (or it was released). Its work was not recorded; the "
+        "other resume carries on. Use a longer lease if resumes legitimately take longer.",
         checkpoint_id=checkpoint_id,
     )

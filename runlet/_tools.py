@@ -14,15 +14,18 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._messages import ToolCall, ToolResult
 
-__all__ = ["Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
+__all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
 Handler = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[Any], Any]]
 """A tool handler: ``async def handler(arguments, context) -> str | JSON value``.
 
 A plain (non-async) function is accepted too; it runs in a worker thread.
 """
+
+ApprovalPolicy = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[bool], bool]]
+"""Decides per call whether a person must approve it: ``(arguments, context) -> bool``,
+sync or async. It sees the arguments after they passed the tool's schema."""
 
 # The names the OpenAI and Anthropic APIs accept; checking here gives the error early.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -46,13 +49,15 @@ class ToolContext:
 
     Attributes:
         run_id: The run the call belongs to; stable across interruptions and resumes.
-        tool_call_id: The model's id for this call. It is unique within a run and stays
-            the same when an approved call runs after a resume, so use it as the
-            idempotency key for tools with side effects: a call that ran just before a
-            crash may be run again when its checkpoint is resumed.
+        tool_call_id: The model's id for this call.
         agent_name: The name of the agent whose tool this is.
         metadata: The ``metadata`` given to ``run()``; read-only.
         tool_name: The name of the tool being called.
+        idempotency_key: The same for every attempt of this one call (a retried resume,
+            another process taking over after a crash) and different for every other
+            call of the run, even when a model reuses a call id in a later turn. Pass it
+            to the services your tool calls (as a payment API's idempotency key, a unique
+            column, ...) so that a repeated attempt has no second effect.
     """
 
     run_id: str
@@ -60,6 +65,11 @@ class ToolContext:
     agent_name: str
     metadata: Mapping[str, Any]
     tool_name: str
+    idempotency_key: str = attrs.field(kw_only=True)
+
+    @idempotency_key.default
+    def _default_key(self) -> str:
+        return f"{self.run_id}/{self.tool_call_id}"
 
 
 @attrs.frozen
@@ -128,32 +138,59 @@ class ToolSpec:
             model as is; any other JSON value is sent as JSON text. A plain function runs
             in a worker thread (it cannot be interrupted there: on cancellation or
             timeout Runlet stops waiting for it, but the thread finishes on its own).
-        requires_approval: Stop the run for a human to approve or reject each call
-            before the handler runs.
+        requires_approval: ``True`` to stop the run for a person to approve or reject
+            every call before the handler runs; or an :data:`ApprovalPolicy`,
+            ``(arguments, context) -> bool`` (sync or async), to decide per call (for
+            example only for refunds above a limit). The policy runs after the arguments
+            pass the schema; if it raises or returns a non-bool, the call is not run and
+            the model gets an error result saying so.
         timeout: Seconds a call may take; a slower call is cancelled and the model gets
             an error result saying so. ``None`` (the default) means no limit.
+        idempotent: Declares that running the call again with the same
+            ``context.idempotency_key`` is safe. Only then does a resume re-run an
+            approved call whose earlier attempt was cut off inside the handler; otherwise
+            it asks a person again (:attr:`HumanRequest.outcome_unknown`).
+        expires_after: Seconds after which an approval request for this tool expires
+            (:attr:`HumanRequest.expires_at`); ``None`` means never.
+        approval_prompt: The text people see for an approval: a string, or a function
+            of the arguments returning one. By default, "Allow <tool> with <arguments>?".
+        allow_edit: ``False`` refuses ``edited_arguments`` for this tool's approvals.
 
     Raises:
-        ConfigurationError: The name, schema, handler or timeout is unusable.
+        ConfigurationError: The name, schema, handler, timeout or another option is
+            unusable.
     """
 
     name: str = attrs.field(validator=_check_name)
     description: str
     input_schema: Mapping[str, Any]
     handler: Handler = attrs.field(validator=_check_handler)
-    requires_approval: bool = False
+    requires_approval: bool | ApprovalPolicy = False
     timeout: float | None = attrs.field(default=None, kw_only=True)
+    idempotent: bool = attrs.field(default=False, kw_only=True)
+    expires_after: float | None = attrs.field(default=None, kw_only=True)
+    approval_prompt: str | Callable[[Mapping[str, Any]], str] | None = attrs.field(
+        default=None, kw_only=True
+    )
+    allow_edit: bool = attrs.field(default=True, kw_only=True)
     _validator: Any = attrs.field(init=False, repr=False, eq=False)
     _is_async: bool = attrs.field(init=False, repr=False, eq=False)
     _definition: ToolDefinition = attrs.field(init=False, repr=False, eq=False)
+    # True (always ask), False (never) or the policy to call.
+    _gate: bool | ApprovalPolicy = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.timeout is not None and not self.timeout > 0:
+        timeout = self.timeout
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout > 0  # bool is not a number here
+        ):
             raise ConfigurationError(
                 f"Tool {self.name!r}: timeout must be a positive number of seconds or None, "
                 f"not {self.timeout!r}."
             )
+        self._check_options()
         set_ = object.__setattr__
+        set_(self, "_gate", self.requires_approval)
         set_(self, "_validator", _compile(self.input_schema, self.name))
         set_(self, "_is_async", _is_async(self.handler))
         set_(
@@ -161,6 +198,59 @@ class ToolSpec:
             "_definition",
             ToolDefinition(self.name, self.description, self.input_schema),
         )
+
+    def _check_options(self) -> None:
+        name = self.name
+        gate = self.requires_approval
+        if type(gate) is not bool and not callable(gate):
+            raise ConfigurationError(
+                f"Tool {name!r}: requires_approval must be True, False or a policy "
+                f"function (arguments, context) -> bool, not {gate!r}."
+            )
+        for flag in ("idempotent", "allow_edit"):
+            if type(getattr(self, flag)) is not bool:
+                raise ConfigurationError(
+                    f"Tool {name!r}: {flag} must be True or False, not {getattr(self, flag)!r}."
+                )
+        expires = self.expires_after
+        if expires is not None and (
+            type(expires) not in (int, float) or not 0 < expires < float("inf")
+        ):
+            raise ConfigurationError(
+                f"Tool {name!r}: expires_after must be a positive number of seconds or "
+                f"None, not {expires!r}."
+            )
+        prompt = self.approval_prompt
+        if prompt is not None and not isinstance(prompt, str) and not callable(prompt):
+            raise ConfigurationError(
+                f"Tool {name!r}: approval_prompt must be a string or a function of the "
+                f"arguments returning one, not {type(prompt).__name__}."
+            )
+
+    def _approval_text(self, arguments: Mapping[str, Any]) -> str:
+        prompt = self.approval_prompt
+        if isinstance(prompt, str):
+            return prompt
+        if prompt is not None:
+            try:
+                text = prompt(arguments)
+            except Exception:  # noqa: BLE001 - a broken prompt must not lose the run
+                text = None
+            if isinstance(text, str):
+                return text
+        return f"Allow {self.name} with {show_arguments(arguments)}?"
+
+    async def _needs_approval(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
+        """Ask the policy; raises ConfigurationError for an answer that is not a bool."""
+        answer = self._gate(arguments, context)  # type: ignore[operator]
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if type(answer) is not bool:
+            raise ConfigurationError(
+                f"the approval policy of tool {self.name!r} returned {answer!r}; it must "
+                "return True or False"
+            )
+        return answer
 
     @property
     def definition(self) -> ToolDefinition:
@@ -225,12 +315,17 @@ class ToolSpec:
     async def _call(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
         if self._is_async:
             return await self.handler(arguments, context)
-        value = await anyio.to_thread.run_sync(
-            self.handler, arguments, context, abandon_on_cancel=True
+        # Boxed, because trio refuses a worker-thread function that returns a coroutine.
+        [value] = await anyio.to_thread.run_sync(
+            _boxed, self.handler, arguments, context, abandon_on_cancel=True
         )
         if inspect.isawaitable(value):
             return await value
         return value
+
+
+def _boxed(handler: Handler, arguments: Mapping[str, Any], context: ToolContext) -> list[Any]:
+    return [handler(arguments, context)]
 
 
 def _where(path: Any) -> str:
@@ -238,8 +333,3 @@ def _where(path: Any) -> str:
     if not parts:
         return ""
     return "at " + "".join(f"[{p!r}]" for p in parts) + ": "
-
-
-def error_result(call: ToolCall, text: str) -> ToolResult:
-    """An error result for *call*."""
-    return ToolResult(call.id, text, True)

@@ -12,17 +12,17 @@ global one; no while the global provider is still OpenTelemetry's default (the p
 the no-op provider). An untraced run has ``RunState.trace is None``, and the loop pays one
 ``is None`` test per model request and per tool call.
 
-Entry points for the resume path (which the runtime wraps around whatever continues a
-checkpoint): :func:`resume_span`, :func:`expiry_span`, :func:`cancel_span`, and
-:func:`span_reference` to keep the interrupted run span's ids in a checkpoint field named
-:data:`TRACE_LINK_FIELD` so the resume span can link to it.
+Entry points: :func:`run_span` (run, stream), :func:`resume_span` (resume, stream_resume,
+expire) with :meth:`RunTrace.resumed` once the checkpoint and the decisions are known,
+:func:`cancel_span`, and :func:`span_reference` to keep the interrupted run span's ids in
+a checkpoint field named :data:`TRACE_LINK_FIELD` so the resume span can link to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ._agent import Agent
-    from ._human import HumanRequest, HumanResponse
+    from ._checkpoint import Checkpoint
+    from ._human import Decision, HumanResponse
     from ._loop import RunState
     from ._messages import Message, ToolCall
     from ._model import Model, ModelRequest, ModelResponse
@@ -47,7 +48,6 @@ __all__ = [
     "RunTrace",
     "Tracing",
     "cancel_span",
-    "expiry_span",
     "resume_span",
     "run_span",
     "span_reference",
@@ -90,6 +90,10 @@ INTERRUPT_REQUEST_ID = "runlet.interrupt.request_id"
 INTERRUPT_CHECKPOINT_ID = "runlet.interrupt.checkpoint_id"
 INTERRUPT_TOOL_NAME = "runlet.interrupt.tool_name"
 INTERRUPT_TOOL_CALL_ID = "runlet.interrupt.tool_call_id"
+INTERRUPT_REQUEST_COUNT = "runlet.interrupt.request_count"
+HUMAN_DECISION_COUNT = "runlet.human.decision_count"
+HUMAN_DECISION_EVENT = "runlet.human_decision"
+HUMAN_TOOL_CALL_ID = "runlet.human.tool_call_id"
 HUMAN_REQUEST_ID = "runlet.human.request_id"
 HUMAN_REQUEST_KIND = "runlet.human.request_kind"
 HUMAN_ACTION = "runlet.human.action"
@@ -249,7 +253,7 @@ class RunTrace:
         api: _Api,
         tracer: Tracer,
         agent: Agent,
-        run_id: str,
+        run_id: str | None,
         content: bool,
         checkpoint_id: str | None = None,
     ) -> None:
@@ -260,7 +264,9 @@ class RunTrace:
         model = agent.model
         self.model_name = _model_name(model)
         self.provider_name = _provider_name(model)
-        common: dict[str, Any] = {CONVERSATION: run_id, RUN_ID: run_id}
+        common: dict[str, Any] = {}
+        if run_id is not None:
+            common[CONVERSATION] = common[RUN_ID] = run_id
         if checkpoint_id is not None:
             common[CHECKPOINT_ID] = checkpoint_id
         self._common = common
@@ -312,22 +318,61 @@ class RunTrace:
             return None
         return _reference(self.span)
 
-    def interrupted(self, request: HumanRequest, checkpoint_id: str) -> None:
-        """Record on the run span that the run stopped for *request*, saved as
-        *checkpoint_id*."""
+    def interrupted(self, checkpoint: Checkpoint) -> None:
+        """Record on the run span that the run stopped and saved *checkpoint*: its id,
+        and its first open request (kind, id, call), with the number of open requests."""
         span = self.span
         if span is None:  # pragma: no cover - the loop runs inside the span
             return
+        request = checkpoint.request
         span.set_attributes(
             {
                 RUN_STATUS: "interrupted",
                 INTERRUPT_KIND: request.kind,
                 INTERRUPT_REQUEST_ID: request.id,
-                INTERRUPT_CHECKPOINT_ID: checkpoint_id,
+                INTERRUPT_CHECKPOINT_ID: checkpoint.id,
                 INTERRUPT_TOOL_NAME: request.tool_call.name,
                 INTERRUPT_TOOL_CALL_ID: request.tool_call.id,
+                INTERRUPT_REQUEST_COUNT: 1 + len(checkpoint.more_requests),
             }
         )
+
+    def resumed(self, checkpoint: Checkpoint, decisions: Sequence[Decision]) -> None:
+        """Record what a resume continues: the run (its id now joins every span), a link
+        to the interrupted span when the checkpoint keeps one, and the decisions taken
+        (one ``runlet.human_decision`` event each; with a single decision, also as span
+        attributes)."""
+        span = self.span
+        if span is None:  # pragma: no cover - called inside the span
+            return
+        run_id = checkpoint.run_id
+        self._common[RUN_ID] = self._common[CONVERSATION] = run_id
+        span.set_attributes({RUN_ID: run_id, CONVERSATION: run_id})
+        for link in _links(self._api, checkpoint):
+            span.add_link(link.context, link.attributes)
+        span.set_attribute(HUMAN_DECISION_COUNT, len(decisions))
+        for decision in decisions:
+            attributes = self._decision(decision)
+            span.add_event(HUMAN_DECISION_EVENT, attributes)
+            if len(decisions) == 1:
+                span.set_attributes(attributes)
+
+    def _decision(self, decision: Decision) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            HUMAN_REQUEST_ID: decision.request_id,
+            HUMAN_REQUEST_KIND: decision.kind,
+            HUMAN_TOOL_CALL_ID: decision.tool_call_id,
+            HUMAN_ACTION: decision.action,
+            HUMAN_EDITED: decision.edited,
+        }
+        if decision.responded_by is not None:
+            attributes[HUMAN_RESPONDED_BY] = decision.responded_by
+        if self.content:
+            if decision.value is not None:
+                attributes[HUMAN_VALUE] = decision.value
+            if decision.edited and decision.arguments is not None:
+                attributes[HUMAN_ARGUMENTS] = _dumps(decision.arguments)
+        return attributes
 
     def _completed(self, message: Message) -> None:
         span = self.span
@@ -480,47 +525,26 @@ def run_span(tracing: Tracing, run: RunState) -> RunTrace | _Off:
 
 
 def resume_span(
-    tracing: Tracing, agent: Agent, checkpoint: Any, response: HumanResponse
+    tracing: Tracing,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
 ) -> RunTrace | _Off:
-    """The context manager that traces a resume of *checkpoint* with a person's
-    *response*: an ``invoke_agent`` span carrying the decision and the ids that join it
-    to the interrupted run. It yields the :class:`RunTrace` (or ``None`` when the resume
-    is not traced); set it as ``trace`` on the ``RunState`` the resume builds.
-
-    *checkpoint* needs ``id``, ``run_id`` and ``request``; if it has a
-    :data:`TRACE_LINK_FIELD` attribute holding a :func:`span_reference` dict, the span
-    links to that span. ``response.responded_by`` is recorded when the response has it.
-    """
-    trace = _continuation(tracing, agent, checkpoint, "human_response")
-    if trace is None:
+    """The context manager that traces a resume of *checkpoint_id* (``resume()``,
+    ``stream_resume()``; ``expire()`` when *responses* is ``None``): an ``invoke_agent``
+    span with ``runlet.checkpoint_id`` and ``runlet.resume.reason`` (``human_response``
+    or ``expired``). It yields the :class:`RunTrace` (``None`` when not traced): call
+    :meth:`RunTrace.resumed` once the checkpoint and the decisions are known, and set it
+    as ``trace`` on the ``RunState`` the resume builds. Enter it where the resume runs
+    (for a stream: inside the stream's task)."""
+    tracer = tracing.tracer()
+    if tracer is None:
         return _OFF
-    request = checkpoint.request
-    attributes = trace.start_attributes
-    attributes[HUMAN_REQUEST_ID] = request.id
-    attributes[HUMAN_REQUEST_KIND] = request.kind
-    attributes[HUMAN_ACTION] = response.action
-    attributes[HUMAN_EDITED] = response.edited_arguments is not None
-    responded_by = getattr(response, "responded_by", None)
-    if isinstance(responded_by, str):
-        attributes[HUMAN_RESPONDED_BY] = responded_by
-    if trace.content:
-        if response.value is not None:
-            attributes[HUMAN_VALUE] = response.value
-        if response.edited_arguments is not None:
-            attributes[HUMAN_ARGUMENTS] = _dumps(response.edited_arguments)
-    return trace
-
-
-def expiry_span(tracing: Tracing, agent: Agent, checkpoint: Any) -> RunTrace | _Off:
-    """Like :func:`resume_span`, for ``runtime.expire()``: the run goes on with the fixed
-    expiry result instead of a person's answer (``runlet.resume.reason`` is
-    ``"expired"``)."""
-    trace = _continuation(tracing, agent, checkpoint, "expired")
-    if trace is None:
-        return _OFF
-    request = checkpoint.request
-    trace.start_attributes[HUMAN_REQUEST_ID] = request.id
-    trace.start_attributes[HUMAN_REQUEST_KIND] = request.kind
+    api = _load_api()
+    assert api is not None
+    trace = RunTrace(api, tracer, agent, None, tracing.capture_content(), checkpoint_id)
+    reason = "expired" if responses is None else "human_response"
+    trace.start_attributes[RESUME_REASON] = reason
     return trace
 
 
@@ -591,20 +615,6 @@ class _Span:
             span.end()
         finally:
             self._api.context.detach(self._token)
-
-
-def _continuation(tracing: Tracing, agent: Agent, checkpoint: Any, reason: str) -> RunTrace | None:
-    tracer = tracing.tracer()
-    if tracer is None:
-        return None
-    api = _load_api()
-    assert api is not None
-    trace = RunTrace(
-        api, tracer, agent, checkpoint.run_id, tracing.capture_content(), checkpoint.id
-    )
-    trace.start_attributes[RESUME_REASON] = reason
-    trace.start_links = _links(api, checkpoint)
-    return trace
 
 
 def _links(api: _Api, checkpoint: Any) -> list[Any]:

@@ -20,6 +20,7 @@ Options::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -191,9 +192,31 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def missing_extra(args: argparse.Namespace) -> str | None:
+    """What the chosen options need that is not installed, said as what to do about it;
+    ``None`` when nothing is missing."""
+    needs = []
+    if args.backend == "trio":
+        needs.append(("the trio backend", "trio", "trio"))
+    if args.provider != "scripted":
+        needs.append((f"the {args.provider} provider", "httpx", "http"))
+    for what, package, extra in needs:
+        if importlib.util.find_spec(package) is None:
+            return (
+                f"{what.capitalize()} needs {package}, which is not installed: "
+                f'pip install "runlet[{extra}]" (in a clone: pip install -e ".[{extra}]").'
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m runlet.demo``."""
+    """Entry point of ``python -m runlet.demo``. Returns the exit status: 0, or 2 when
+    the options need a package that is not installed (the message says which)."""
     args = parse(argv)
+    missing = missing_extra(args)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     interactive = not args.yes and sys.stdin.isatty()
 
     async def ask(prompt: str) -> str:

@@ -51,8 +51,9 @@ async def test_w2_parallel_tools() -> None:
     assert [str(k + 1) for k in range(8)] == checks["runlet_tool_results"]
     found = figures(outcome)
     assert 10.0 == found["w2_ms_per_run_vs_ideal"].ideal
-    # Eight 10 ms calls run concurrently, or a run would take 80 ms.
-    assert min(found["w2_ms_per_run"].runlet) < 80
+    assert {"w2_ms_per_run_vs_ideal", "w2_ms_per_run"} == set(found)
+    # That the calls overlap is tested without a clock in test_loop.py
+    # (test_calls_in_one_message_overlap_in_time); tests never assert on time.
 
 
 async def test_w3_human_round_trip() -> None:
@@ -63,8 +64,11 @@ async def test_w3_human_round_trip() -> None:
     assert workloads.FINAL == checks["runlet_output"] == checks["floor_output"]
     assert ["1"] == checks["runlet_tool_results"]  # the approved add(a=0, b=1) ran
     assert 0 == checks["runlet_store_size"] == checks["floor_store_size"]
+    # The floor keeps the same exactly-once records: one decision and one outcome a trip.
+    records, outcomes = checks["floor_journal"]
+    assert records == outcomes > 0
     data = json.loads(checks["runlet_checkpoint_json"])
-    assert 1 == data["version"]
+    assert 2 == data["version"]
     assert "approve_add" == data["pending_tool_calls"][0]["name"]
     assert json.loads(checks["floor_checkpoint_json"])["pending"]["name"] == "approve_add"
     size = figures(outcome)["w3_checkpoint_json_bytes"].runlet

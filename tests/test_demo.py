@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -55,3 +57,42 @@ def test_command_line_runs_on_each_backend(
     shown = capsys.readouterr().out
     assert f"Runlet demo on {backend}" in shown
     assert "agent: Done: order 123 refunded as card." in shown
+
+
+@pytest.mark.parametrize(
+    ("missing", "argv", "extra"),
+    [
+        ("trio", ["--backend", "trio"], '"runlet[trio]"'),
+        ("httpx", ["--provider", "openai"], '"runlet[http]"'),
+        ("httpx", ["--provider", "anthropic", "--backend", "trio"], '"runlet[http]"'),
+    ],
+)
+def test_command_line_says_what_to_install_when_a_package_is_missing(
+    missing: str,
+    argv: list[str],
+    extra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # None in sys.modules makes the package unimportable, as after a plain install.
+    monkeypatch.setitem(sys.modules, missing, None)
+
+    assert main(["--yes", *argv]) == 2
+
+    shown = capsys.readouterr()
+    assert f"pip install {extra}" in shown.err
+    assert "Runlet demo on" not in shown.out  # nothing ran
+
+
+def test_plain_install_command_line_without_trio_exits_cleanly() -> None:
+    """The README's command after a plain ``pip install -e .``: a message, no traceback."""
+    code = (
+        "import sys; sys.modules['trio'] = None; "
+        "from runlet.demo import main; raise SystemExit(main(['--backend', 'trio', '--yes']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert 2 == done.returncode
+    assert "Traceback" not in done.stderr
+    assert 'pip install "runlet[trio]"' in done.stderr

@@ -50,7 +50,6 @@ from runlet._tracing import (
     TRACE_LINK_FIELD,
     Tracing,
     cancel_span,
-    expiry_span,
     resume_span,
     run_span,
     span_reference,
@@ -466,7 +465,7 @@ async def test_a_no_op_tracer_provider_given_explicitly_is_harmless() -> None:
     runtime = Runtime(tracer_provider=opentelemetry.trace.NoOpTracerProvider())
     agent = weather_agent(NamedModel([call("get_weather", city="Paris"), "Sunny."]))
     run = runtime._start(agent, "Weather?", None, None, None)
-    with run_span(runtime._tracing, run):
+    with run_span(runtime._loop.tracing, run):
         assert run.trace is not None
         assert span_reference(run.trace) is None  # no ids worth keeping
     assert (await runtime.run(agent, "Weather?")).output == "Sunny."
@@ -605,7 +604,10 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
     exporter.clear()
     second = Runtime(store, tracer_provider=provider, trace_content=True)
     response = HumanResponse(
-        interrupted.interruption.id, "approve", edited_arguments={"city": "Paris"}
+        interrupted.interruption.id,
+        "approve",
+        edited_arguments={"city": "Paris"},
+        responded_by="alice",
     )
     result = await second.resume(agent, checkpoint_id=interrupted.checkpoint_id, response=response)
     assert result.status == "completed"
@@ -627,9 +629,12 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
         "runlet.resume.reason": "human_response",
         "runlet.human.request_id": interrupted.interruption.id,
         "runlet.human.request_kind": "approval",
+        "runlet.human.tool_call_id": "call_w",
         "runlet.human.action": "approve",
         "runlet.human.edited_arguments": True,
+        "runlet.human.responded_by": "alice",
         "runlet.human.arguments": '{"city": "Paris"}',
+        "runlet.human.decision_count": 1,
         "runlet.run.status": "completed",
         "gen_ai.output.messages": (
             '[{"role": "assistant", "parts": [{"type": "text", "content": "Sunny."}], '
@@ -640,6 +645,9 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
         "gen_ai.input.messages": None,
     }
     assert span.links == ()  # the checkpoint keeps no trace_link yet
+    [event] = span.events
+    assert event.name == "runlet.human_decision"
+    assert dict(event.attributes or {})["runlet.human.action"] == "approve"
     for child in resumed:
         assert attrs_of(child)["runlet.run_id"] == interrupted.run_id
         assert attrs_of(child)["runlet.checkpoint_id"] == interrupted.checkpoint_id
@@ -671,6 +679,39 @@ async def test_a_resume_that_stops_again_records_the_next_interruption(
     assert attrs_of(span)["runlet.run.status"] == "interrupted"
     assert attrs_of(span)["runlet.interrupt.checkpoint_id"] == second.checkpoint_id
     assert attrs_of(span)["runlet.interrupt.tool_call_id"] == "c2"
+    assert attrs_of(span)["runlet.interrupt.request_count"] == 1
+
+
+async def test_several_decisions_become_one_event_each(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    calls = [call("get_weather", city="Paris", id="c1"), call("get_weather", city="Oslo", id="c2")]
+    agent = weather_agent(NamedModel([calls, "Done."]), weather_tool(approval=True))
+    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    first = await runtime.run(agent, "Two cities")
+    assert first.checkpoint_id is not None
+    run = one(exporter.get_finished_spans(), "invoke_agent weather")
+    assert attrs_of(run)["runlet.interrupt.request_count"] == 2
+    exporter.clear()
+    requests = first.pending_requests
+    await runtime.resume(
+        agent,
+        checkpoint_id=first.checkpoint_id,
+        responses=[
+            HumanResponse(requests[0].id, "approve", responded_by="alice"),
+            HumanResponse(requests[1].id, "reject", responded_by="bob"),
+        ],
+    )
+    span = one(exporter.get_finished_spans(), "invoke_agent weather")
+    assert attrs_of(span)["runlet.human.decision_count"] == 2
+    assert "runlet.human.action" not in attrs_of(span)  # only one decision goes there
+    assert [
+        (event.name, dict(event.attributes or {})["runlet.human.action"]) for event in span.events
+    ] == [("runlet.human_decision", "approve"), ("runlet.human_decision", "reject")]
+    assert [dict(e.attributes or {})["runlet.human.responded_by"] for e in span.events] == [
+        "alice",
+        "bob",
+    ]
 
 
 async def test_a_refused_response_ends_the_resume_span_with_an_error(
@@ -691,8 +732,8 @@ async def test_a_refused_response_ends_the_resume_span_with_an_error(
     span = one(exporter.get_finished_spans(), "invoke_agent weather")
     assert span.status.status_code == StatusCode.ERROR
     assert attrs_of(span)["error.type"] == "HumanResponseError"
-    assert attrs_of(span)["runlet.human.action"] == "reject"
-    assert attrs_of(span)["runlet.human.edited_arguments"] is False
+    assert attrs_of(span)["runlet.checkpoint_id"] == interrupted.checkpoint_id
+    assert "runlet.human.action" not in attrs_of(span)  # refused before it was a decision
 
 
 async def interrupted_checkpoint(agent: Agent) -> tuple[Runtime, Checkpoint]:
@@ -727,21 +768,24 @@ async def test_span_reference_keeps_the_run_span_ids_as_json_for_a_linked_resume
         "span_id": f"{span_id(interrupted_span):016x}",
     }
 
-    # A checkpoint that keeps it (the field the resume path reads), and a response that
-    # says who answered: both are read by name, so plain objects stand in for them.
-    kept = SimpleNamespace(
-        id=checkpoint.id,
-        run_id=checkpoint.run_id,
-        request=checkpoint.request,
-        **{TRACE_LINK_FIELD: reference},
-    )
-    response = SimpleNamespace(
-        action="select", value="b", edited_arguments=None, responded_by="alice"
+    # A checkpoint that keeps it (the field the resume path reads); read by name, so a
+    # plain object stands in for it.
+    kept = SimpleNamespace(run_id=checkpoint.run_id, **{TRACE_LINK_FIELD: reference})
+    decision = SimpleNamespace(
+        request_id="req_1",
+        kind="choice",
+        tool_call_id="call_1",
+        action="select",
+        value="b",
+        arguments=None,
+        edited=False,
+        responded_by=None,
     )
     exporter.clear()
-    with resume_span(tracing, agent, kept, response) as trace:  # type: ignore[arg-type]
+    with resume_span(tracing, agent, checkpoint.id, []) as trace:
         assert trace is not None
         assert opentelemetry.trace.get_current_span() is trace.span
+        trace.resumed(kept, [decision])  # type: ignore[arg-type,list-item]
     [span] = exporter.get_finished_spans()
     [link] = span.links
     assert (link.context.trace_id, link.context.span_id) == (
@@ -749,7 +793,8 @@ async def test_span_reference_keeps_the_run_span_ids_as_json_for_a_linked_resume
         span_id(interrupted_span),
     )
     assert dict(link.attributes or {}) == {"runlet.run.status": "interrupted"}
-    assert attrs_of(span)["runlet.human.responded_by"] == "alice"
+    assert attrs_of(span)["runlet.run_id"] == checkpoint.run_id
+    assert "runlet.human.responded_by" not in attrs_of(span)  # not known
     assert attrs_of(span)["runlet.human.action"] == "select"
     assert attrs_of(span)["runlet.human.value"] == "b"  # content: opted in above
 
@@ -761,11 +806,10 @@ async def test_span_reference_keeps_the_run_span_ids_as_json_for_a_linked_resume
         "x",
     ):
         exporter.clear()
-        kept = SimpleNamespace(
-            id="cp", run_id="run", request=checkpoint.request, **{TRACE_LINK_FIELD: bad}
-        )
-        with resume_span(tracing, agent, kept, response):  # type: ignore[arg-type]
-            pass
+        kept = SimpleNamespace(run_id="run", **{TRACE_LINK_FIELD: bad})
+        with resume_span(tracing, agent, "cp", []) as trace:
+            assert trace is not None
+            trace.resumed(kept, [])  # type: ignore[arg-type]
         assert one(exporter.get_finished_spans(), "invoke_agent weather").links == ()
 
 
@@ -778,14 +822,30 @@ async def test_expiry_and_cancel_helpers_record_the_checkpoint_and_run(
     _, checkpoint = await interrupted_checkpoint(agent)
     tracing = Tracing(provider, None)
 
-    with expiry_span(tracing, agent, checkpoint) as trace:
-        assert trace is not None
+    store = InMemoryCheckpointStore()
+    await store.save(checkpoint)
+    runtime = Runtime(store, tracer_provider=provider)
+    result = await runtime.expire(
+        weather_agent(NamedModel(["Nobody answered."]), weather_tool(approval=True)),
+        checkpoint_id=checkpoint.id,
+    )
+    assert result.output == "Nobody answered."
     span = one(exporter.get_finished_spans(), "invoke_agent weather")
     assert attrs_of(span)["runlet.resume.reason"] == "expired"
     assert attrs_of(span)["runlet.checkpoint_id"] == checkpoint.id
     assert attrs_of(span)["runlet.run_id"] == checkpoint.run_id
     assert attrs_of(span)["runlet.human.request_kind"] == "approval"
-    assert "runlet.human.action" not in attrs_of(span)
+    assert attrs_of(span)["runlet.human.action"] == "expire"
+
+    exporter.clear()
+    _, other = await interrupted_checkpoint(
+        weather_agent(NamedModel([call("get_weather", city="Oslo")]), weather_tool(approval=True))
+    )
+    await store.save(other)
+    await runtime.cancel(other.id)
+    [cancelled] = exporter.get_finished_spans()
+    assert cancelled.name == "cancel_checkpoint"
+    assert attrs_of(cancelled)["runlet.checkpoint_id"] == other.id
 
     exporter.clear()
     with cancel_span(tracing, checkpoint.id, checkpoint):
@@ -841,14 +901,12 @@ async def test_without_a_configured_provider_runs_are_not_traced(global_provider
     agent = weather_agent(NamedModel(["Hi."]))
     runtime = Runtime()
     run = runtime._start(agent, "Hello", None, None, None)
-    assert run_span(runtime._tracing, run) is _tracing._OFF
+    assert run_span(runtime._loop.tracing, run) is _tracing._OFF
     assert run.trace is None
     assert (await runtime.run(agent, "Hello")).output == "Hi."
     global_provider.set(opentelemetry.trace.NoOpTracerProvider())
     assert Tracing(None, None).tracer() is None
-    with resume_span(Tracing(None, None), agent, None, None) as trace:  # type: ignore[arg-type]
-        assert trace is None
-    with expiry_span(Tracing(None, None), agent, None) as trace:
+    with resume_span(Tracing(None, None), agent, "cp", None) as trace:
         assert trace is None
     with cancel_span(Tracing(None, None), "cp") as nothing:
         assert nothing is None

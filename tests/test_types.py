@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +13,7 @@ import jsonschema_rs
 import pytest
 
 import runlet
+import runlet.testing
 from runlet import (
     Agent,
     ConfigurationError,
@@ -45,7 +48,7 @@ class TestMessage:
         assert Message.tool(result) == Message("tool", "done", (), result)
 
     def test_role_is_checked(self) -> None:
-        with pytest.raises(ValueError, match="role must be one of"):
+        with pytest.raises(ConfigurationError, match="role must be one of"):
             Message("robot", "hi")  # type: ignore[arg-type]
 
     def test_messages_are_frozen(self) -> None:
@@ -88,10 +91,14 @@ class TestToolSpec:
         with pytest.raises(ConfigurationError, match="callable handler"):
             ToolSpec("t", "d", {}, "handler")  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("timeout", [0, -1.0])
-    def test_timeout_must_be_positive(self, timeout: float) -> None:
-        with pytest.raises(ConfigurationError, match="timeout"):
+    @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "5", True, [1]])
+    def test_timeout_must_be_a_positive_number(self, timeout: Any) -> None:
+        with pytest.raises(ConfigurationError, match="timeout must be a positive number"):
             ToolSpec("t", "d", {}, noop, timeout=timeout)
+
+    @pytest.mark.parametrize("timeout", [None, 1, 0.5])
+    def test_usable_timeouts(self, timeout: float | None) -> None:
+        assert timeout == ToolSpec("t", "d", {}, noop, timeout=timeout).timeout
 
     async def test_validator_is_compiled_once_not_per_call(
         self, monkeypatch: pytest.MonkeyPatch
@@ -112,6 +119,41 @@ class TestToolSpec:
         assert compiled == 1
 
 
+class SyncModel:
+    def complete(self, request: ModelRequest) -> Any:
+        raise AssertionError("not called")  # pragma: no cover
+
+
+class TestRuntime:
+    class SyncStore:
+        def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+        def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+        def delete(self, checkpoint_id: str) -> None: ...  # pragma: no cover
+
+    class NoDelete:
+        async def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+        async def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+    @pytest.mark.parametrize("store", ["oops", {}, SyncStore(), NoDelete()])
+    def test_store_must_have_async_save_load_and_delete(self, store: Any) -> None:
+        with pytest.raises(ConfigurationError, match="checkpoint_store must be a CheckpointStore"):
+            Runtime(checkpoint_store=store)
+
+    def test_a_store_of_your_own_is_accepted(self) -> None:
+        class Store:
+            async def save(self, checkpoint: Any) -> None: ...  # pragma: no cover
+
+            async def load(self, checkpoint_id: str) -> Any: ...  # pragma: no cover
+
+            async def delete(self, checkpoint_id: str) -> None: ...  # pragma: no cover
+
+        store = Store()
+        assert Runtime(checkpoint_store=store).checkpoint_store is store  # type: ignore[arg-type]
+
+
 class TestAgent:
     def test_duplicate_tool_names_are_refused(self) -> None:
         spec = ToolSpec("t", "d", {}, noop)
@@ -121,6 +163,22 @@ class TestAgent:
     def test_tools_must_be_toolspecs(self) -> None:
         with pytest.raises(ConfigurationError, match="must be ToolSpec"):
             Agent("a", "i", ScriptedModel([]), ("t",))  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("model", [None, "gpt", object(), SyncModel()])
+    def test_model_must_have_an_async_complete(self, model: Any) -> None:
+        with pytest.raises(ConfigurationError, match="async def complete"):
+            Agent("a", "i", model)
+
+    def test_a_callable_object_with_an_async_call_is_a_complete_method(self) -> None:
+        class Complete:
+            async def __call__(self, request: ModelRequest) -> Any:
+                raise AssertionError("not called")  # pragma: no cover
+
+        class Model:
+            complete = Complete()
+
+        model = Model()
+        assert Agent("a", "i", model).model is model  # type: ignore[arg-type]
 
     def test_tool_lookup_and_tuple_conversion(self) -> None:
         spec = ToolSpec("t", "d", {}, noop)
@@ -156,18 +214,57 @@ class TestScriptedModel:
         with pytest.raises(runlet.ModelError, match="no answer left for request 2"):
             await Runtime().run(Agent("a", "i", model), "again")
 
-    async def test_unusable_script_items(self) -> None:
-        model = ScriptedModel([42])  # type: ignore[list-item]
-        with pytest.raises(runlet.ModelError, match="must be a str, ToolCall"):
+    @pytest.mark.parametrize(
+        ("script", "message"),
+        [
+            ([42], "Script item 1: got int; an answer must be a str, ToolCall"),
+            (["ok", [call("t"), "x"]], "Script item 2: got list"),
+            ("Hello.", "must be a list of answers or a function of the request, not a str"),
+            (42, "must be a list of answers or a function"),
+        ],
+    )
+    def test_unusable_scripts_are_refused_at_construction(self, script: Any, message: str) -> None:
+        with pytest.raises(ConfigurationError, match=message):
+            ScriptedModel(script)
+
+    def test_usage_must_be_a_usage(self) -> None:
+        with pytest.raises(ConfigurationError, match="usage must be a Usage"):
+            ScriptedModel([], usage=3)  # type: ignore[arg-type]
+
+    async def test_unusable_answers_from_a_function_are_a_model_response_error(self) -> None:
+        model = ScriptedModel([lambda request: 42])
+        expected = "function in the script returned int"
+        with pytest.raises(runlet.ModelResponseError, match=expected) as caught:
             await Runtime().run(Agent("a", "i", model), "hi")
+        assert caught.value.__cause__ is None  # raised by the script, not wrapped
+
+    async def test_stream_is_annotated_and_used_as_an_async_context_manager(self) -> None:
+        hints = typing.get_type_hints(ScriptedModel.stream)
+        assert contextlib.AbstractAsyncContextManager is typing.get_origin(hints["return"])
+        model = ScriptedModel(["Hi."])
+        assert isinstance(model, runlet.StreamingModel)
+
+        manager = model.stream(ModelRequest("i", (Message.user("x"),), (), {}))
+
+        assert isinstance(manager, contextlib.AbstractAsyncContextManager)
+        async with manager as items:
+            got = [item async for item in items]
+        answer = runlet.ModelResponse(Message.assistant("Hi."), Usage(requests=1))
+        assert [runlet.TextDelta("Hi."), answer] == got
 
     def test_call_helper(self) -> None:
         assert call("t", {"a": 1}, b=2, id="x") == ToolCall("x", "t", {"a": 1, "b": 2})
         assert call("t").id != call("t").id
 
-    def test_chunk_size_must_be_positive(self) -> None:
-        with pytest.raises(ValueError, match="chunk_size"):
-            ScriptedModel([], chunk_size=0)
+    @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, "2"])
+    def test_chunk_size_must_be_a_positive_int(self, chunk_size: Any) -> None:
+        with pytest.raises(ConfigurationError, match="chunk_size must be a positive"):
+            ScriptedModel([], chunk_size=chunk_size)
+
+
+def isort_style(name: str) -> tuple[int, str]:
+    """Constants first, then classes, then functions, each in code-point order."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
 
 class TestPublicSurface:
@@ -183,6 +280,13 @@ class TestPublicSurface:
     def test_all_is_sorted_and_complete(self) -> None:
         public = {n for n in dir(runlet) if not n.startswith("_")}
         assert set(runlet.__all__) == public - {"testing", "providers", "demo"}
+        assert sorted(runlet.__all__, key=isort_style) == runlet.__all__
+        assert len(set(runlet.__all__)) == len(runlet.__all__)
+
+    def test_testing_all_is_sorted_and_complete(self) -> None:
+        public = {n for n in dir(runlet.testing) if not n.startswith("_")}
+        assert set(runlet.testing.__all__) == public - {"annotations"}
+        assert sorted(runlet.testing.__all__, key=isort_style) == runlet.testing.__all__
 
     def test_errors_form_one_tree(self) -> None:
         for name in runlet.__all__:

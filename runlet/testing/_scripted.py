@@ -6,10 +6,10 @@ import inspect
 import itertools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, Union
 
-from .._errors import ModelError
+from .._errors import ConfigurationError, ModelError, ModelResponseError
 from .._messages import Message, ToolCall, Usage
 from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
 
@@ -49,6 +49,11 @@ class ScriptedModel:
 
     Attributes:
         requests: Every :class:`~runlet.ModelRequest` received, in order.
+
+    Raises:
+        ConfigurationError: The script is neither a list nor a function, one of its items
+            is not a usable answer, *usage* is not a :class:`~runlet.Usage`, or
+            *chunk_size* is not a positive int.
     """
 
     def __init__(
@@ -58,14 +63,26 @@ class ScriptedModel:
         usage: Usage = Usage(requests=1),
         chunk_size: int | None = None,
     ) -> None:
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError("chunk_size must be a positive number of characters.")
+        if chunk_size is not None and (type(chunk_size) is not int or chunk_size < 1):
+            raise ConfigurationError(
+                f"chunk_size must be a positive number of characters or None, not {chunk_size!r}."
+            )
+        if not isinstance(usage, Usage):
+            raise ConfigurationError(f"usage must be a Usage, not {type(usage).__name__}.")
         self._function: Callable[[ModelRequest], Any] | None = None
         self._script: list[ScriptItem] = []
         if callable(script):
             self._function = script
+        elif isinstance(script, (str, bytes)) or not isinstance(script, Iterable):
+            raise ConfigurationError(
+                f"A ScriptedModel script must be a list of answers or a function of the "
+                f"request, not a {type(script).__name__}: write ScriptedModel([...])."
+            )
         else:
             self._script = list(script)
+        for number, item in enumerate(self._script, 1):
+            if not callable(item) and _answer_problem(item) is not None:
+                raise ConfigurationError(f"Script item {number}: {_answer_problem(item)}.")
         self._usage = usage
         self.chunk_size = chunk_size
         self.requests: list[ModelRequest] = []
@@ -81,6 +98,7 @@ class ScriptedModel:
 
         Raises:
             ScriptExhaustedError: The script has no answer left.
+            ModelResponseError: A function in the script returned an unusable answer.
         """
         self.requests.append(request)
         if self._function is not None:
@@ -99,10 +117,23 @@ class ScriptedModel:
             item = await item
         return self._response(item)
 
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelStreamItem]]:
+        """Stream the next scripted answer: use as ``async with model.stream(request) as
+        items: async for item in items: ...``. The items are text deltas, tool-call deltas
+        (arguments cut into ``chunk_size`` pieces), then the complete
+        :class:`~runlet.ModelResponse`.
+
+        Raises:
+            ScriptExhaustedError: On entering, when the script has no answer left.
+            ModelResponseError: On entering, when a function in the script returned an
+                unusable answer.
+        """
+        return self._stream(request)
+
     @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
-        """Stream the next scripted answer: text deltas, tool-call deltas (arguments cut
-        into ``chunk_size`` pieces), then the complete :class:`~runlet.ModelResponse`."""
+    async def _stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
         response = await self.complete(request)
         # Closed here, not by the garbage collector, so a stream left early (a break,
         # an error, a cancellation) leaves no suspended generator behind.
@@ -142,7 +173,18 @@ class ScriptedModel:
             return ModelResponse(Message("assistant", "", (item,)), self._usage)
         if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
             return ModelResponse(Message("assistant", "", tuple(item)), self._usage)
-        raise TypeError(
-            f"A ScriptedModel answer must be a str, ToolCall, list of ToolCall, Message or "
-            f"ModelResponse, not {type(item).__name__}."
+        raise ModelResponseError(
+            f"A function in the script returned {type(item).__name__}; {_ANSWERS}; fix it."
         )
+
+
+def _answer_problem(item: object) -> str | None:
+    """What is wrong with *item* as a scripted answer; ``None`` when it is usable."""
+    if isinstance(item, (ModelResponse, Message, str, ToolCall)):
+        return None
+    if isinstance(item, (list, tuple)) and all(isinstance(c, ToolCall) for c in item):
+        return None
+    return f"got {type(item).__name__}; {_ANSWERS}"
+
+
+_ANSWERS = "an answer must be a str, ToolCall, list of ToolCall, Message or ModelResponse"

@@ -1,0 +1,553 @@
+"""Resume, exactly once: the whole bookkeeping of continuing an interrupted run.
+
+Read top to bottom, :func:`resume` is the list of crash windows:
+
+1. **Read and check** (``get``): the stored state and the response are checked before
+   anything is claimed, so a wrong answer never blocks a right one. A resolved
+   checkpoint answers a repeated, equal response with its stored result.
+2. **Claim** (``claim``): one resume at a time holds the checkpoint, under a lease that a
+   background task renews while the resume works. A crash from here on leaves the claim
+   to run out; another process then takes over with the records below.
+3. **Record decisions** (``record``): the person's answers are stored before anything acts
+   on them; the first accepted answer is final. An approved call's record without a
+   result means "started".
+4. **Run and record results** (``record`` after each approved handler): a call with a
+   recorded result never runs again. A call recorded as started by an attempt that never
+   finished runs again only if its tool is idempotent (same idempotency key); otherwise
+   it comes back to a person as an ``outcome_unknown`` approval.
+5. **Continue**: ordinary turns, with no store writes per tool call.
+6. **Resolve** (``resolve``): the outcome is stored and the next checkpoint (if the run
+   interrupted again) saved in one atomic step; only then is the result reported.
+
+A failure or cancellation anywhere before step 6 releases the claim (shielded) and keeps
+every record. With a plain three-method :class:`~runlet.CheckpointStore` steps 2-4 and
+6 are skipped (load, continue, delete at the end): at least once, not exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from typing import Any
+
+import anyio
+import attrs
+
+from ._agent import Agent
+from ._checkpoint import Checkpoint, _check_json, check_integrity
+from ._errors import (
+    CheckpointResolvedError,
+    CheckpointSerializationError,
+    CheckpointStoreRequiredError,
+    ConfigurationError,
+    HumanRequestExpiredError,
+    HumanResponseConflictError,
+    HumanResponseError,
+    LeaseLostError,
+    MissingToolError,
+)
+from ._events import Interrupted
+from ._human import (
+    EXPIRY_MESSAGE,
+    Decision,
+    HumanRequest,
+    HumanResponse,
+    answer_result,
+    check_response,
+    make_request,
+)
+from ._loop import (
+    Emit,
+    Loop,
+    RunState,
+    append_results,
+    edited_result,
+    new_id,
+    run_tool,
+)
+from ._messages import ToolCall, ToolResult
+from ._result import RunResult
+from ._store import (
+    CallRecord,
+    DurableCheckpointStore,
+    InMemoryCheckpointStore,
+    Resolution,
+    cancelled_error,
+)
+from ._tracing import RunTrace, resume_span
+
+__all__ = ["resume"]
+
+Record = Callable[[Sequence[CallRecord]], Awaitable[None]]
+
+
+async def resume(
+    loop: Loop,
+    durable: bool,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
+    emit: Emit | None,
+) -> RunResult:
+    """Continue the run saved in *checkpoint_id* with *responses*, or, when *responses* is
+    ``None``, give up on every open request with the expiry result."""
+    store = loop.store
+    if store is None:
+        raise CheckpointStoreRequiredError(
+            "resume() needs the checkpoint store the run was saved in; this Runtime has "
+            "none. Create it with Runtime(checkpoint_store=...)."
+        )
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"Expected an Agent, got {type(agent).__name__}.")
+    with resume_span(loop.tracing, agent, checkpoint_id, responses) as trace:
+        return await _resume(loop, durable, agent, checkpoint_id, responses, emit, trace)
+
+
+async def _resume(
+    loop: Loop,
+    durable: bool,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
+    emit: Emit | None,
+    trace: RunTrace | None,
+) -> RunResult:
+    """The steps of :func:`resume`, inside its span."""
+    store = loop.store
+    if not durable:
+        return await _resume_plain(loop, agent, checkpoint_id, responses, emit, trace)
+    durable_store: DurableCheckpointStore = store  # type: ignore[assignment]
+
+    # 1. Read and check, before claiming anything.
+    stored = await durable_store.get(checkpoint_id)
+    if stored.status == "cancelled":
+        raise cancelled_error(checkpoint_id)
+    if stored.status == "resolved":
+        return _repeat(checkpoint_id, stored.resolution, responses)
+    checkpoint = stored.checkpoint
+    answers = _decide(loop, agent, checkpoint, responses)
+    if trace is not None:
+        trace.resumed(checkpoint, tuple(answers.values()))
+
+    # 2. Claim.
+    try:
+        claim = await durable_store.claim(checkpoint_id)
+    except CheckpointResolvedError as exc:  # another resume finished in between
+        resolution = exc.resolution
+        if not isinstance(resolution, Resolution):
+            resolution = (await durable_store.get(checkpoint_id)).resolution
+        return _repeat(checkpoint_id, resolution, responses)
+    token = claim.token
+    deferred: list[Checkpoint] = []
+    try:
+        record = partial(durable_store.record, checkpoint_id, token)
+        # 3-5. Record decisions, run, record results, continue.
+        work = _continue(
+            loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit, trace
+        )
+        lease = durable_store.lease
+        if lease:
+            result, decided = await _holding_lease(durable_store, checkpoint_id, token, lease, work)
+        else:
+            result, decided = await work
+        # 6. Resolve: the outcome and the next checkpoint, atomically.
+        resolution = Resolution(decisions=decided, result=result, resolved_at=loop.clock())
+        next_checkpoint = deferred[0] if deferred else None
+        with _shielded(durable_store):
+            await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
+    except BaseException:
+        with _shielded(durable_store):
+            await durable_store.release(checkpoint_id, token)
+        raise
+    if emit is not None and next_checkpoint is not None:
+        await emit(Interrupted(next_checkpoint.request, next_checkpoint.id))
+    return result
+
+
+async def _resume_plain(
+    loop: Loop,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
+    emit: Emit | None,
+    trace: RunTrace | None,
+) -> RunResult:
+    """At least once: load, continue (the next checkpoint is saved as usual), delete."""
+    store = loop.store
+    assert store is not None
+    checkpoint = await store.load(checkpoint_id)
+    answers = _decide(loop, agent, checkpoint, responses)
+    if trace is not None:
+        trace.resumed(checkpoint, tuple(answers.values()))
+    result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit, trace)
+    with _shielded(store):
+        await store.delete(checkpoint_id)
+    return result
+
+
+def _shielded(store: object) -> AbstractContextManager[object]:
+    """A shield, so a cancellation cannot stop a store's final write halfway. The in-memory
+    store's methods never yield, so nothing can interrupt them; there a shield would only
+    cost time (~13 µs per resume on trio)."""
+    if type(store) is InMemoryCheckpointStore:
+        return nullcontext()
+    return anyio.CancelScope(shield=True)
+
+
+def _decide(
+    loop: Loop,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    responses: Sequence[HumanResponse] | None,
+) -> dict[str, Decision]:
+    """Check everything that can be checked before a claim; return the decisions by call
+    id. Raises without side effects."""
+    check_integrity(checkpoint)
+    _check_agent(agent, checkpoint)
+    now = loop.clock()
+    requests = checkpoint.open_requests
+    if responses is None:  # expire(): every open request gets the expiry result
+        return {
+            request.tool_call.id: _decision(checkpoint, request, "expire", now)
+            for request in requests
+        }
+    by_id = {request.id: request for request in requests}
+    answers: dict[str, Decision] = {}
+    for response in responses:
+        if not isinstance(response, HumanResponse):
+            raise HumanResponseError(
+                f"resume() needs a HumanResponse, got {type(response).__name__}."
+            )
+        request = by_id.get(response.request_id)
+        if request is None:
+            waiting = ", ".join(repr(r.id) for r in requests)
+            noun = "request" if len(requests) == 1 else "requests"
+            raise HumanResponseError(
+                f"This response answers request {response.request_id!r}, but checkpoint "
+                f"{checkpoint.id!r} is waiting on {noun} {waiting}. Resume with a request id "
+                "from the interruption that produced this checkpoint."
+            )
+        call_id = request.tool_call.id
+        if call_id in answers:
+            raise HumanResponseError(
+                f"Two responses answer request {request.id!r}; give one per request."
+            )
+        check_response(request, response)
+        if request.expires_at is not None and now >= request.expires_at:
+            raise HumanRequestExpiredError(
+                f"Request {request.id!r} expired at {request.expires_at.isoformat()}, before "
+                "this response came. Record the expiry with runtime.expire(...) or retire "
+                "the run with runtime.cancel(...).",
+                checkpoint_id=checkpoint.id,
+                request_id=request.id,
+            )
+        answers[call_id] = _accept(agent, checkpoint, request, response, now)
+    return answers
+
+
+def _accept(
+    agent: Agent,
+    checkpoint: Checkpoint,
+    request: HumanRequest,
+    response: HumanResponse,
+    now: Any,
+) -> Decision:
+    metadata = response.metadata
+    if metadata is not None:
+        try:
+            _check_json(dict(metadata), "metadata")
+        except CheckpointSerializationError as exc:
+            raise HumanResponseError(f"HumanResponse {exc}") from None
+    if response.action != "approve":
+        return _decision(checkpoint, request, response.action, now, response)
+    call = request.tool_call
+    tool = agent._by_name[call.name]
+    edited = response.edited_arguments
+    if edited is not None and not tool.allow_edit:
+        raise HumanResponseError(
+            f"Tool {call.name!r} does not allow edited arguments (allow_edit=False); approve "
+            "the call as it is or reject it. The checkpoint is unchanged."
+        )
+    arguments = call.arguments if edited is None else edited
+    problem = tool._check_arguments(arguments)
+    if problem is not None:
+        if edited is not None:
+            raise HumanResponseError(
+                f"edited_arguments do not fit tool {call.name!r}: {problem}. Correct them and "
+                "resume again; the checkpoint is unchanged."
+            )
+        raise HumanResponseError(
+            f"The arguments of call {call.id!r} no longer fit tool {call.name!r} of the agent "
+            f"given to resume(): {problem}. Reject the call, or approve it with "
+            "edited_arguments that fit; the checkpoint is unchanged."
+        )
+    if edited is not None:
+        _check_json(dict(edited), "edited_arguments")
+    return _decision(checkpoint, request, "approve", now, response, dict(arguments))
+
+
+def _decision(
+    checkpoint: Checkpoint,
+    request: HumanRequest,
+    action: Any,
+    now: Any,
+    response: HumanResponse | None = None,
+    arguments: Mapping[str, Any] | None = None,
+) -> Decision:
+    call = request.tool_call
+    return Decision(
+        request_id=request.id,
+        checkpoint_id=checkpoint.id,
+        tool_call_id=call.id,
+        tool_name=call.name,
+        kind=request.kind,
+        action=action,
+        value=None if response is None else response.value,
+        arguments=arguments,
+        edited=response is not None and response.edited_arguments is not None,
+        responded_by=None if response is None else response.responded_by,
+        metadata=None if response is None else response.metadata,
+        decided_at=now,
+    )
+
+
+def _same(recorded: Decision, given: Decision) -> bool:
+    return attrs.evolve(given, decided_at=recorded.decided_at) == recorded
+
+
+async def _continue(
+    loop: Loop,
+    agent: Agent,
+    checkpoint: Checkpoint,
+    answers: dict[str, Decision],
+    records: Sequence[CallRecord],
+    record: Record | None,
+    deferred: list[Checkpoint] | None,
+    emit: Emit | None = None,
+    trace: RunTrace | None = None,
+) -> tuple[RunResult, tuple[Decision, ...]]:
+    """Steps 3-5: record the decisions, run the approved calls (recording each result),
+    then interrupt for what is left or continue the run. Returns the result and this
+    checkpoint's decisions in call order."""
+    earlier = {known.tool_call_id: known for known in records}
+    expiring = all(answer.action == "expire" for answer in answers.values())
+    decided: dict[str, Decision] = {}
+    results: dict[str, ToolResult] = {known.tool_call_id: known for known in checkpoint.results}
+    fresh: list[CallRecord] = []
+    for request in checkpoint.open_requests:
+        call_id = request.tool_call.id
+        known = earlier.get(call_id)
+        answer = answers.get(call_id)
+        if known is not None:
+            if answer is not None and not expiring and not _same(known.decision, answer):
+                raise HumanResponseConflictError(
+                    f"Request {request.id!r} was already answered with {known.decision.action!r}"
+                    f" (by {known.decision.responded_by or 'an earlier resume'}); the first "
+                    "accepted answer is final. Resume with that same response to continue.",
+                    checkpoint_id=checkpoint.id,
+                )
+            decided[call_id] = known.decision
+            if known.result is not None:
+                results[call_id] = known.result
+        elif answer is not None:
+            decided[call_id] = answer
+            if answer.action != "approve":
+                answered = results[call_id] = _answer_result(request, answer)
+                fresh.append(CallRecord(tool_call_id=call_id, decision=answer, result=answered))
+            else:
+                fresh.append(CallRecord(tool_call_id=call_id, decision=answer))
+    if record is not None and fresh:
+        await record(fresh)  # 3. decisions first: the first accepted answer is final
+
+    run = RunState(
+        agent=agent,
+        run_id=checkpoint.run_id,
+        messages=checkpoint.messages,
+        transcript=list(checkpoint.transcript),
+        options=checkpoint.options,
+        metadata=checkpoint.metadata,
+        usage=checkpoint.usage,
+        turns=checkpoint.turns,
+        emit=emit,
+        decisions=checkpoint.decisions + tuple(decided.values()),
+    )
+    run.deferred = deferred
+    run.trace = trace
+    to_run: list[tuple[ToolCall, Decision]] = []
+    unknown: list[str] = []
+    for call_id, decision in decided.items():
+        if decision.action != "approve" or call_id in results:
+            continue
+        if call_id in earlier and not agent._by_name[decision.tool_name].idempotent:
+            unknown.append(call_id)  # started by an attempt that never finished
+        else:
+            to_run.append((_approved_call(checkpoint, call_id, decision), decision))
+    if len(to_run) == 1:  # 4. run the approved calls, recording each result
+        await _run_approved(run, *to_run[0], results, record)
+    elif to_run:
+        async with anyio.create_task_group() as group:
+            for call, decision in to_run:
+                group.start_soon(_run_approved, run, call, decision, results, record)
+
+    pending: list[ToolCall] = []
+    requests: list[HumanRequest] = []
+    if unknown or len(decided) < len(checkpoint.pending_tool_calls):
+        now = loop.clock()
+        for request in checkpoint.open_requests:
+            call_id = request.tool_call.id
+            if call_id in unknown:
+                call = _approved_call(checkpoint, call_id, decided[call_id])
+                tool = agent._by_name[call.name]
+                request = make_request(new_id("req"), call, tool, now, outcome_unknown=True)
+            elif call_id in decided:
+                continue
+            pending.append(request.tool_call)
+            requests.append(request)
+    if pending:
+        result = await loop.interrupt(run, results, pending, requests)
+    else:
+        append_results(run, results)
+        result = await loop.drive(run)  # 5. ordinary turns from here
+    return result, tuple(decided.values())
+
+
+def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:
+    for call in checkpoint.pending_tool_calls:
+        if call.id == call_id:
+            if decision.arguments is None or decision.arguments == call.arguments:
+                return call
+            return ToolCall(call.id, call.name, decision.arguments)
+    raise AssertionError(call_id)  # pragma: no cover - check_integrity rules it out
+
+
+def _answer_result(request: HumanRequest, decision: Decision) -> ToolResult:
+    if decision.action == "expire":
+        return ToolResult(request.tool_call.id, EXPIRY_MESSAGE, True)
+    response = decision.as_response()
+    assert response is not None
+    return answer_result(request, response)
+
+
+async def _run_approved(
+    run: RunState,
+    call: ToolCall,
+    decision: Decision,
+    results: dict[str, ToolResult],
+    record: Record | None,
+) -> None:
+    tool = run.agent._by_name[call.name]
+    result = await run_tool(run, call, tool, call.arguments)
+    if decision.edited:
+        result = edited_result(result, call.arguments)
+    results[call.id] = result
+    if record is not None:
+        await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
+
+
+async def _holding_lease(
+    store: DurableCheckpointStore,
+    checkpoint_id: str,
+    token: str,
+    lease: float,
+    work: Awaitable[tuple[RunResult, tuple[Decision, ...]]],
+) -> tuple[RunResult, tuple[Decision, ...]]:
+    """Await *work* while a background task renews the claim every third of the lease;
+    if the claim is lost, stop the work and raise :class:`~runlet.LeaseLostError`."""
+    lost: list[LeaseLostError] = []
+    outcome: list[tuple[RunResult, tuple[Decision, ...]]] = []
+    failure: list[Exception] = []
+
+    async def keep(scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(lease / 3)
+            try:
+                await store.renew(checkpoint_id, token)
+            except LeaseLostError as exc:
+                lost.append(exc)
+                scope.cancel()
+                return
+            except Exception:  # noqa: BLE001 - a passing fault; the next renewal retries
+                continue
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(keep, group.cancel_scope)
+        try:
+            outcome.append(await work)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+            failure.append(exc)
+        group.cancel_scope.cancel()
+    if lost:
+        raise lost[0]
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def _repeat(
+    checkpoint_id: str, resolution: Resolution | None, responses: Sequence[HumanResponse] | None
+) -> RunResult:
+    """A resolved checkpoint: the stored result for the same answer, else a clear error."""
+    if resolution is None:  # pragma: no cover - a store must keep the outcome
+        raise CheckpointResolvedError(
+            f"Checkpoint {checkpoint_id!r} was resolved, but its store kept no outcome.",
+            checkpoint_id=checkpoint_id,
+        )
+    decisions = {decision.request_id: decision for decision in resolution.decisions}
+    if responses is None:
+        if decisions and all(d.action == "expire" for d in decisions.values()):
+            return resolution.result
+        raise CheckpointResolvedError(
+            f"Checkpoint {checkpoint_id!r} was already answered, so it cannot expire.",
+            checkpoint_id=checkpoint_id,
+            resolution=resolution,
+        )
+    for response in responses:
+        decision = decisions.get(getattr(response, "request_id", None))  # type: ignore[arg-type]
+        if decision is not None and decision.answers_like(response):
+            continue
+        if decision is not None and decision.action == "expire":
+            raise HumanRequestExpiredError(
+                f"Request {decision.request_id!r} expired and the run went on without an "
+                "answer; this response can no longer be applied.",
+                checkpoint_id=checkpoint_id,
+                request_id=decision.request_id,
+            )
+        later = resolution.result.checkpoint_id
+        still_open = {request.id for request in resolution.result.pending_requests}
+        if decision is None and later is not None and response.request_id in still_open:
+            raise CheckpointResolvedError(
+                f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
+                f"request {response.request_id!r} is still open at checkpoint {later!r}. "
+                "Resume that checkpoint with this response.",
+                checkpoint_id=checkpoint_id,
+                resolution=resolution,
+            )
+        where = f"; the run now waits at checkpoint {later!r}" if later else ""
+        raise HumanResponseConflictError(
+            f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
+            f"accepted answer is final){where}. Repeat the original response to get its "
+            "result again.",
+            checkpoint_id=checkpoint_id,
+        )
+    return resolution.result
+
+
+def _check_agent(agent: Agent, checkpoint: Checkpoint) -> None:
+    if agent.name != checkpoint.agent_name:
+        raise MissingToolError(
+            f"Checkpoint {checkpoint.id!r} belongs to agent {checkpoint.agent_name!r}, but "
+            f"resume() was given agent {agent.name!r}. Resume with the agent that was "
+            "interrupted.",
+            checkpoint_id=checkpoint.id,
+            tool_name=None,
+        )
+    for call in checkpoint.pending_tool_calls:
+        if call.name not in agent._by_name:
+            raise MissingToolError(
+                f"Checkpoint {checkpoint.id!r} has a pending call of tool {call.name!r}, but "
+                f"the agent given to resume() has no such tool. Add the tool to agent "
+                f"{agent.name!r}.",
+                checkpoint_id=checkpoint.id,
+                tool_name=call.name,
+            )

@@ -1,0 +1,264 @@
+"""Defects an outside review found (issue 12): runs that leak into each other, data a
+checkpoint cannot hold, and the order of saving a checkpoint and reporting it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import attrs
+import pytest
+
+import runlet
+from runlet import (
+    Agent,
+    Checkpoint,
+    CheckpointSerializationError,
+    HumanResponse,
+    InMemoryCheckpointStore,
+    Interrupted,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Runtime,
+    ToolContext,
+    ToolSpec,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from runlet.testing import ScriptedModel, call
+
+pytestmark = pytest.mark.anyio
+
+
+async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+    return f"refunded {arguments['order']}"
+
+
+REFUND = ToolSpec("refund", "Refund an order.", {"type": "object"}, refund, requires_approval=True)
+
+
+def refund_agent(model: Any) -> Agent:
+    return Agent("support", "Refund after approval.", model, (REFUND,))
+
+
+class Scribbler:
+    """A careless adapter: it writes into the options it is given."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.refused = 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.seen.append(dict(request.options))
+        try:
+            request.options["scribbled"] = True  # type: ignore[index]
+        except TypeError:
+            self.refused += 1
+        return ModelResponse(Message.assistant("ok"))
+
+
+class TestEachRunHasItsOwnOptions:
+    async def test_an_adapter_writing_into_default_options_changes_no_other_run(self) -> None:
+        model = Scribbler()
+        runtime = Runtime()
+        agent = Agent("a", "i", model)
+
+        await runtime.run(agent, "one")
+        await runtime.run(agent, "two")
+        await runtime.run(agent, "three", options=None)
+
+        assert [{}, {}, {}] == model.seen
+
+    async def test_options_are_read_only_and_copied_from_the_caller(self) -> None:
+        model = Scribbler()
+        options = {"temperature": 0.2}
+
+        await Runtime().run(Agent("a", "i", model), "one", options=options)
+
+        assert [{"temperature": 0.2}] == model.seen
+        assert 1 == model.refused
+        assert {"temperature": 0.2} == options
+
+    async def test_tools_see_each_runs_own_read_only_metadata(self) -> None:
+        seen: list[dict[str, Any]] = []
+
+        async def scribble(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            seen.append(dict(context.metadata))
+            with pytest.raises(TypeError):
+                context.metadata["scribbled"] = True  # type: ignore[index]
+            return "done"
+
+        def script(request: ModelRequest) -> Any:
+            return "ok" if request.messages[-1].tool_result else call("scribble")
+
+        tool = ToolSpec("scribble", "d", {"type": "object"}, scribble)
+        agent = Agent("a", "i", ScriptedModel(script), (tool,))
+        metadata = {"user": 1}
+        await Runtime().run(agent, "one", metadata=metadata)
+        await Runtime().run(agent, "two")
+
+        assert [{"user": 1}, {}] == seen
+        assert {"user": 1} == metadata
+
+    async def test_read_only_options_and_metadata_still_make_plain_json(self) -> None:
+        store = InMemoryCheckpointStore()
+        runtime = Runtime(checkpoint_store=store)
+        model = ScriptedModel([call("refund", order="7"), "Done."])
+        result = await runtime.run(
+            refund_agent(model), "Refund 7.", options={"temperature": 0.2}, metadata={"u": [1]}
+        )
+        assert result.checkpoint_id is not None
+        checkpoint = await store.load(result.checkpoint_id)
+
+        data = unstructure_checkpoint(checkpoint)
+
+        assert dict is type(data["options"])
+        assert dict is type(data["metadata"])
+        text = json.dumps(data)
+        again = structure_checkpoint(json.loads(text))
+        assert {"temperature": 0.2} == again.options
+        assert {"u": [1]} == again.metadata
+
+
+class TestCyclicData:
+    async def checkpoint(self) -> Checkpoint:
+        store = InMemoryCheckpointStore()
+        model = ScriptedModel([call("refund", order="7")])
+        result = await Runtime(checkpoint_store=store).run(refund_agent(model), "Refund 7.")
+        assert result.checkpoint_id is not None
+        return await store.load(result.checkpoint_id)
+
+    async def test_a_dict_that_contains_itself_names_its_path(self) -> None:
+        metadata: dict[str, Any] = {"user": {"id": 1}}
+        metadata["user"]["again"] = metadata
+        checkpoint = attrs.evolve(await self.checkpoint(), metadata=metadata)
+
+        with pytest.raises(CheckpointSerializationError, match="contains itself") as caught:
+            unstructure_checkpoint(checkpoint)
+
+        assert "metadata['user']['again']" == caught.value.path
+        assert "metadata['user']['again'] is metadata itself" in str(caught.value)
+
+    async def test_a_list_that_contains_itself_names_its_path(self) -> None:
+        loop: list[Any] = [1]
+        loop.append([loop])
+        checkpoint = attrs.evolve(await self.checkpoint(), options={"loop": loop})
+
+        with pytest.raises(CheckpointSerializationError, match="contains itself") as caught:
+            unstructure_checkpoint(checkpoint)
+
+        assert "options['loop'][1][0]" == caught.value.path
+
+    async def test_the_same_value_twice_is_not_a_cycle(self) -> None:
+        shared = {"id": 1}
+        both = {"a": shared, "b": [shared, shared]}
+        checkpoint = attrs.evolve(await self.checkpoint(), metadata=both)
+
+        data = unstructure_checkpoint(checkpoint)
+
+        assert {"a": {"id": 1}, "b": [{"id": 1}, {"id": 1}]} == json.loads(json.dumps(data))[
+            "metadata"
+        ]
+
+    async def test_a_read_only_view_nested_in_the_data_is_refused(self) -> None:
+        metadata = {"view": MappingProxyType({"a": 1})}
+        checkpoint = attrs.evolve(await self.checkpoint(), metadata=metadata)
+
+        with pytest.raises(CheckpointSerializationError, match="mappingproxy") as caught:
+            unstructure_checkpoint(checkpoint)
+
+        assert "metadata['view']" == caught.value.path
+
+
+class SlowStore(InMemoryCheckpointStore):
+    """A store whose save yields to the event loop several times, as a database's would,
+    and records when it starts and finishes."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        self.log.append("save started")
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        await super().save(checkpoint)
+        self.log.append("saved")
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: runlet.Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        # A resume saves its next checkpoint in the step that resolves the old one.
+        self.log.append("save started")
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
+        self.log.append("saved")
+
+
+class TestSavedBeforeReported:
+    async def test_run_returns_after_the_save_finished(self) -> None:
+        log: list[str] = []
+        store = SlowStore(log)
+        model = ScriptedModel([call("refund", order="7"), "Done."])
+
+        result = await Runtime(checkpoint_store=store).run(refund_agent(model), "Refund 7.")
+        log.append("returned")
+
+        assert ["save started", "saved", "returned"] == log
+        assert result.checkpoint_id in store
+        assert result.interruption is not None
+        # A runtime that never saw the run resumes it from the store alone.
+        resumed = await Runtime(checkpoint_store=store).resume(
+            refund_agent(model),
+            checkpoint_id=result.checkpoint_id,
+            response=HumanResponse(result.interruption.id, "approve"),
+        )
+        assert "Done." == resumed.output
+
+    async def test_stream_reports_the_interruption_after_the_save_finished(self) -> None:
+        log: list[str] = []
+        store = SlowStore(log)
+        model = ScriptedModel([call("refund", order="7")])
+        runtime = Runtime(checkpoint_store=store)
+
+        with anyio.fail_after(5):
+            async with runtime.stream(refund_agent(model), "Refund 7.") as stream:
+                async for event in stream:
+                    if isinstance(event, Interrupted):
+                        log.append("reported")
+                        assert event.checkpoint_id in store
+
+        assert ["save started", "saved", "reported"] == log
+        assert stream.result.checkpoint_id in store
+
+    async def test_a_resume_that_interrupts_again_returns_after_the_save_finished(self) -> None:
+        log: list[str] = []
+        store = SlowStore(log)
+        calls = [call("refund", order="1", id="c1"), call("refund", order="2", id="c2")]
+        model = ScriptedModel([calls, "Done."])
+        runtime = Runtime(checkpoint_store=store)
+        first = await runtime.run(refund_agent(model), "Refund 1 and 2.")
+        assert first.checkpoint_id is not None
+        assert first.interruption is not None
+        log.clear()
+
+        second = await runtime.resume(
+            refund_agent(model),
+            checkpoint_id=first.checkpoint_id,
+            response=HumanResponse(first.interruption.id, "approve"),
+        )
+        log.append("returned")
+
+        assert ["save started", "saved", "returned"] == log
+        assert second.checkpoint_id in store
+        assert first.checkpoint_id not in store
