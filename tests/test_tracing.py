@@ -682,6 +682,49 @@ async def test_a_resume_that_stops_again_records_the_next_interruption(
     assert attrs_of(span)["runlet.interrupt.request_count"] == 1
 
 
+class PlainStore:
+    """The three-method store of the spec: at-least-once resume."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Checkpoint] = {}
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        self.saved[checkpoint.id] = checkpoint
+
+    async def load(self, checkpoint_id: str) -> Checkpoint:
+        return self.saved[checkpoint_id]
+
+    async def delete(self, checkpoint_id: str) -> None:
+        del self.saved[checkpoint_id]
+
+
+async def test_a_resume_from_a_plain_store_is_traced_the_same_way(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = NamedModel([call("get_weather", city="Paris", id="c1"), "Sunny."])
+    agent = weather_agent(model, weather_tool(approval=True))
+    runtime = Runtime(PlainStore(), tracer_provider=provider)
+    first = await runtime.run(agent, "Weather?")
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    exporter.clear()
+    await runtime.resume(
+        agent,
+        checkpoint_id=first.checkpoint_id,
+        response=HumanResponse(first.interruption.id, "approve"),
+    )
+    spans = exporter.get_finished_spans()
+    assert tree(spans) == [
+        ("invoke_agent weather", [("execute_tool get_weather", []), ("chat scripted-1", [])])
+    ]
+    span = one(spans, "invoke_agent weather")
+    assert attrs_of(span)["runlet.run_id"] == first.run_id
+    assert attrs_of(span)["runlet.checkpoint_id"] == first.checkpoint_id
+    assert attrs_of(span)["runlet.human.action"] == "approve"
+    assert attrs_of(span)["runlet.human.edited_arguments"] is False
+    assert attrs_of(span)["runlet.run.status"] == "completed"
+
+
 async def test_several_decisions_become_one_event_each(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
