@@ -63,7 +63,7 @@ autodoc_type_aliases["ScriptItem"] = "runlet.testing.ScriptItem"
 # and third-party packages are left unlinked instead of failing the nitpicky build.
 nitpick_ignore_regex = [
     ("py:.*", r"(collections\.abc|typing|typing_extensions|contextlib|types)\..*"),
-    ("py:.*", r"(anyio|attrs|cattrs|httpx|datetime)(\..*)?"),
+    ("py:.*", r"(anyio|attrs|cattrs|httpx|datetime|opentelemetry)(\..*)?"),
     # The type variable of runlet.structure(data, cls) -> T.
     ("py:class", r"runlet\._checkpoint\.T"),
 ]

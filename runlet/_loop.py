@@ -11,7 +11,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +37,10 @@ from ._model import Model, ModelRequest, ModelResponse, TextDelta
 from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
+from ._tracing import Tracing
+
+if TYPE_CHECKING:
+    from ._tracing import RunTrace
 
 Emit = Callable[[StreamEvent], Awaitable[None]]
 Clock = Callable[[], datetime]
@@ -60,6 +64,7 @@ class RunState:
         "metadata",
         "options",
         "run_id",
+        "trace",
         "transcript",
         "turns",
         "usage",
@@ -93,17 +98,19 @@ class RunState:
         # A resume saves its next checkpoint itself, atomically with resolving the one it
         # was given: then settle() parks the checkpoint here (a list) instead of saving it.
         self.deferred: list[Checkpoint] | None = None
+        self.trace: RunTrace | None = None  # set by _tracing when the run is traced
 
 
 class Loop:
     """Runs turns for a :class:`~runlet.Runtime`'s settings."""
 
-    __slots__ = ("clock", "max_turns", "store")
+    __slots__ = ("clock", "max_turns", "store", "tracing")
 
     def __init__(self, store: CheckpointStore | None, max_turns: int, clock: Clock) -> None:
         self.store = store
         self.max_turns = max_turns
         self.clock = clock
+        self.tracing = Tracing(None, None)
 
     async def drive(self, run: RunState) -> RunResult:
         """Ask the model and handle its tool calls until the run completes or must stop
@@ -111,6 +118,7 @@ class Loop:
         agent = run.agent
         definitions = agent._definitions
         emit = run.emit
+        trace = run.trace
         while True:
             if run.turns >= self.max_turns:
                 raise MaxTurnsExceededError(
@@ -123,7 +131,10 @@ class Loop:
             request = ModelRequest(
                 agent.instructions, tuple(run.transcript), definitions, run.options
             )
-            response = await _ask(agent.model, request, emit)
+            if trace is None:
+                response = await _ask(agent.model, request, emit)
+            else:
+                response = await trace.chat(_ask, agent.model, request, emit)
             message = response.message
             run.transcript.append(message)
             run.usage = run.usage + response.usage
@@ -179,6 +190,8 @@ class Loop:
                         ready.append((call, tool))
                     continue
             result = results[call.id] = ToolResult(call.id, problem, True)
+            if run.trace is not None:
+                run.trace.refused_call(call, problem, tool is not None)
             if emit is not None:
                 await emit(ToolCallStarted(call))
                 await emit(ToolCallFinished(call, result))
@@ -238,6 +251,8 @@ class Loop:
             usage=run.usage,
             turns=run.turns,
         )
+        if run.trace is not None:
+            run.trace.interrupted(checkpoint)
         if run.deferred is not None:
             run.deferred.append(checkpoint)
         else:
@@ -291,7 +306,11 @@ async def run_tool(
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
-    content, is_error = await tool._invoke(arguments, tool_context(run, call))
+    trace = run.trace
+    if trace is None:
+        content, is_error = await tool._invoke(arguments, tool_context(run, call))
+    else:
+        content, is_error = await trace.tool(tool, call, arguments, tool_context(run, call))
     result = ToolResult(call.id, content, is_error)
     if emit is not None:
         await emit(ToolCallFinished(call, result))

@@ -75,6 +75,7 @@ from ._store import (
     Resolution,
     cancelled_error,
 )
+from ._tracing import RunTrace, resume_span
 
 __all__ = ["resume"]
 
@@ -99,8 +100,23 @@ async def resume(
         )
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"Expected an Agent, got {type(agent).__name__}.")
+    with resume_span(loop.tracing, agent, checkpoint_id, responses) as trace:
+        return await _resume(loop, durable, agent, checkpoint_id, responses, emit, trace)
+
+
+async def _resume(
+    loop: Loop,
+    durable: bool,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
+    emit: Emit | None,
+    trace: RunTrace | None,
+) -> RunResult:
+    """The steps of :func:`resume`, inside its span."""
+    store = loop.store
     if not durable:
-        return await _resume_plain(loop, agent, checkpoint_id, responses, emit)
+        return await _resume_plain(loop, agent, checkpoint_id, responses, emit, trace)
     durable_store: DurableCheckpointStore = store  # type: ignore[assignment]
 
     # 1. Read and check, before claiming anything.
@@ -111,6 +127,8 @@ async def resume(
         return _repeat(checkpoint_id, stored.resolution, responses)
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses)
+    if trace is not None:
+        trace.resumed(checkpoint, tuple(answers.values()))
 
     # 2. Claim.
     try:
@@ -126,7 +144,7 @@ async def resume(
         record = partial(durable_store.record, checkpoint_id, token)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
-            loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit
+            loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit, trace
         )
         lease = durable_store.lease
         if lease:
@@ -153,13 +171,16 @@ async def _resume_plain(
     checkpoint_id: str,
     responses: Sequence[HumanResponse] | None,
     emit: Emit | None,
+    trace: RunTrace | None,
 ) -> RunResult:
     """At least once: load, continue (the next checkpoint is saved as usual), delete."""
     store = loop.store
     assert store is not None
     checkpoint = await store.load(checkpoint_id)
     answers = _decide(loop, agent, checkpoint, responses)
-    result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit)
+    if trace is not None:
+        trace.resumed(checkpoint, tuple(answers.values()))
+    result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit, trace)
     with _shielded(store):
         await store.delete(checkpoint_id)
     return result
@@ -304,6 +325,7 @@ async def _continue(
     record: Record | None,
     deferred: list[Checkpoint] | None,
     emit: Emit | None = None,
+    trace: RunTrace | None = None,
 ) -> tuple[RunResult, tuple[Decision, ...]]:
     """Steps 3-5: record the decisions, run the approved calls (recording each result),
     then interrupt for what is left or continue the run. Returns the result and this
@@ -351,6 +373,7 @@ async def _continue(
         decisions=checkpoint.decisions + tuple(decided.values()),
     )
     run.deferred = deferred
+    run.trace = trace
     to_run: list[tuple[ToolCall, Decision]] = []
     unknown: list[str] = []
     for call_id, decision in decided.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -25,6 +25,10 @@ from ._messages import Message, Usage
 from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
+from ._tracing import Tracing, cancel_span, run_span
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -48,6 +52,14 @@ class Runtime:
         clock: Returns the current time as an aware UTC ``datetime``; requests'
             ``created_at`` and ``expires_at`` and decisions' times come from it. Tests pass
             a fake clock to move time without sleeping.
+        tracer_provider: An OpenTelemetry tracer provider for this runtime's spans
+            (needs ``runlet[otel]``). Without one, runs are traced with the global
+            provider once the application has set one, and not at all before; see
+            :doc:`tracing`.
+        trace_content: Whether spans record message contents (instructions, messages,
+            tool arguments and results, the person's answers). ``None`` (the default)
+            follows the ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+            environment variable, off unless it is ``true``.
 
     Raises:
         ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
@@ -63,6 +75,8 @@ class Runtime:
         *,
         max_turns: int = 50,
         clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_content: bool | None = None,
     ) -> None:
         if type(max_turns) is not int or max_turns < 1:
             raise ConfigurationError(f"max_turns must be a positive int, not {max_turns!r}.")
@@ -82,6 +96,7 @@ class Runtime:
         self.max_turns = max_turns
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
         self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else clock)
+        self._loop.tracing = Tracing(tracer_provider, trace_content)
 
     def __repr__(self) -> str:
         return f"Runtime(checkpoint_store={self.checkpoint_store!r}, max_turns={self.max_turns})"
@@ -117,7 +132,9 @@ class Runtime:
             CheckpointSerializationError: The store could not save the checkpoint (when
                 it writes JSON, for instance); other errors from the store propagate.
         """
-        return await self._loop.drive(self._start(agent, input, options, metadata, None))
+        run = self._start(agent, input, options, metadata, None)
+        with run_span(self._loop.tracing, run):
+            return await self._loop.drive(run)
 
     def stream(
         self,
@@ -147,9 +164,10 @@ class Runtime:
         run = self._start(agent, input, options, metadata, None)
         loop = self._loop
 
-        def start(emit: Emit) -> Awaitable[RunResult]:
+        async def start(emit: Emit) -> RunResult:
             run.emit = emit
-            return loop.drive(run)
+            with run_span(loop.tracing, run):  # inside the stream's task
+                return await loop.drive(run)
 
         return RunStream(start)
 
@@ -261,11 +279,12 @@ class Runtime:
             raise CheckpointStoreRequiredError(
                 "cancel() needs the checkpoint store the run was saved in; this Runtime has none."
             )
-        if self._durable:
-            await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
-        else:
-            await store.load(checkpoint_id)
-            await store.delete(checkpoint_id)
+        with cancel_span(self._loop.tracing, checkpoint_id):
+            if self._durable:
+                await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
+            else:
+                await store.load(checkpoint_id)
+                await store.delete(checkpoint_id)
 
     def _start(
         self,
