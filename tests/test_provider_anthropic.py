@@ -23,6 +23,8 @@ from runlet import (
     ModelRequest,
     ModelResponse,
     ModelResponseError,
+    ReasoningDelta,
+    ReasoningPart,
     Runtime,
     StreamingModel,
     TextDelta,
@@ -186,7 +188,7 @@ class TestComplete:
                 await model.complete(ModelRequest("", (Message("tool", "x"),), (), {}))
         assert server.requests == []
 
-    async def test_cache_tokens_count_as_input(self, server: ModelServer) -> None:
+    async def test_cache_tokens_count_as_input_and_separately(self, server: ModelServer) -> None:
         answer = anthropic_message("ok")
         answer["usage"] = {
             "input_tokens": 5,
@@ -196,7 +198,8 @@ class TestComplete:
         }
         server.reply(Reply(json=answer))
         async with make(server) as model:
-            assert (await model.complete(ask())).usage == Usage(1105, 4, 1)
+            usage = (await model.complete(ask())).usage
+        assert usage == Usage(1105, 4, 1, cache_read_tokens=1000, cache_write_tokens=100)
 
     async def test_key_from_environment(
         self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
@@ -405,9 +408,11 @@ class TestStreaming:
         server.reply(Reply(events=events))
         async with make(server) as model:
             items = await collect(model, ask())
-        assert items[0] == TextDelta("Hi")
+        assert items[:2] == [ReasoningDelta("hm"), TextDelta("Hi")]
+        unsigned = ReasoningPart("hm", provider="anthropic")  # kept, but never sent back
         assert items[-1] == ModelResponse(
-            Message.assistant("Hi", [ToolCall("t", "now", {})]), Usage(3, 2, 1)
+            Message.assistant("Hi", [ToolCall("t", "now", {})], reasoning=[unsigned]),
+            Usage(3, 2, 1),
         )
 
     async def test_stream_cut_off_midway(self, server: ModelServer) -> None:

@@ -144,7 +144,7 @@ class TestAdapters:
 
 
 def test_providers_package_is_light() -> None:
-    assert runlet.providers.__all__ == ["anthropic", "openai"]
+    assert runlet.providers.__all__ == ["RetryPolicy", "anthropic", "openai"]
     assert runlet.providers.__doc__
 
 
