@@ -44,6 +44,9 @@ class ToolResult:
     is_error: bool = False
 
 
+_optional_text = attrs.validators.optional(attrs.validators.instance_of(str))
+
+
 @attrs.frozen
 class ReasoningPart:
     """A piece of a model's reasoning (its "thinking") that came with an assistant
@@ -70,10 +73,10 @@ class ReasoningPart:
             their own. ``None`` when unknown: no shipped adapter sends such a part back.
     """
 
-    text: str = ""
-    signature: str | None = attrs.field(default=None, kw_only=True)
-    redacted_data: str | None = attrs.field(default=None, kw_only=True)
-    provider: str | None = attrs.field(default=None, kw_only=True)
+    text: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    signature: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
+    redacted_data: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
+    provider: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
 
     @property
     def redacted(self) -> bool:

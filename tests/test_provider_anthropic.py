@@ -640,6 +640,23 @@ class TestThinking:
             ReasoningPart("Hm.", signature="s", provider="anthropic"),
         )
 
+    async def test_malformed_redacted_thinking(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Hi", thinking=[redacted_block(7)])))  # type: ignore[arg-type]
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="redacted_thinking data is a int"):
+                await model.complete(ask())
+
+    async def test_delta_types_added_later_are_skipped(self, server: ModelServer) -> None:
+        citation = {"type": "citations_delta", "citation": {"cited_text": "x"}}
+        events = list(anthropic_stream("Hi"))
+        events.insert(
+            -3, anthropic_event({"type": "content_block_delta", "index": 0, "delta": citation})
+        )
+        server.reply(Reply(events=tuple(events)))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].message == Message.assistant("Hi")
+
     async def test_runtime_stream_hands_out_reasoning_deltas(self, server: ModelServer) -> None:
         events = anthropic_stream("Hi there.", thinking=[thinking_block("Greet back.", "s1")])
         server.reply(Reply(events=events))
@@ -713,6 +730,12 @@ class TestPromptCaching:
             {"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}},
         ]
         assert "system" not in server.bodies[0]
+
+    def test_no_transcript_to_mark(self) -> None:
+        # Only system text: no turn to put a breakpoint on (the API will say what is wrong).
+        model = AnthropicModel("m", api_key="k", cache_transcript=True)
+        request = ModelRequest("Be brief.", (Message.system("Rule."),), (), {})
+        assert model._body(request, stream=False)["messages"] == []
 
     @pytest.mark.parametrize("bad", ["", 60, b"1h"])
     def test_bad_ttl(self, bad: Any) -> None:

@@ -123,7 +123,7 @@ class AnthropicModel(HTTPModel):
         timeout: Seconds to wait on the server (to read, write, or get a pooled
             connection), for a client the adapter creates; ``None`` waits forever.
         connect_timeout: Seconds to wait for a new connection, for a client the adapter
-            creates; ``None`` waits as long as *timeout*... forever.
+            creates; ``None`` waits forever.
         retry: When to retry a failed request; see :class:`~runlet.providers.RetryPolicy`.
         max_retries: Instead of *retry*: its ``max_retries``.
         retry_base_delay: Instead of *retry*: its ``base_delay``.
