@@ -640,6 +640,12 @@ class TestThinking:
             ReasoningPart("Hm.", signature="s", provider="anthropic"),
         )
 
+    async def test_an_empty_signature_is_none(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Hi", thinking=[thinking_block("Hm.", "")])))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.reasoning == (ReasoningPart("Hm.", provider="anthropic"),)
+
     async def test_malformed_redacted_thinking(self, server: ModelServer) -> None:
         server.reply(Reply(json=anthropic_message("Hi", thinking=[redacted_block(7)])))  # type: ignore[arg-type]
         async with make(server) as model:

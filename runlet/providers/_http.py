@@ -579,8 +579,8 @@ class HTTPModel:
             return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise ModelError(
-                f"The {self.api} request cannot be sent as JSON: {exc}. Keep the values "
-                "in options and extra_body JSON-compatible."
+                f"The {self.api} request cannot be sent as JSON: {sentence(str(exc))} Keep "
+                "the values in options and extra_body JSON-compatible."
             ) from exc
 
     async def _send(self, content: bytes, *, stream: bool) -> httpx.Response:

@@ -359,9 +359,9 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 
 
 def _thinking(text: str, signature: Any) -> ReasoningPart:
-    return ReasoningPart(
-        text, signature=signature if isinstance(signature, str) else None, provider=PROVIDER
-    )
+    # Without a signature the API would refuse the block, so it is never sent back.
+    signed = isinstance(signature, str) and signature
+    return ReasoningPart(text, signature=signature if signed else None, provider=PROVIDER)
 
 
 def _redacted(data: str) -> ReasoningPart:
@@ -443,7 +443,7 @@ class _PartialThinking:
     def part(self) -> ReasoningPart:
         if self.redacted_data is not None:
             return _redacted(self.redacted_data)
-        return _thinking("".join(self.text), "".join(self.signature) or None)
+        return _thinking("".join(self.text), "".join(self.signature))
 
 
 class _Stream:

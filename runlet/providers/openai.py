@@ -323,7 +323,8 @@ def _text(message: Mapping[str, Any]) -> str:
     text = message.get("content") or message.get("refusal") or ""
     if not isinstance(text, str):
         raise ModelResponseError(
-            f"The {_API} answer's message content is a {type(text).__name__}, not text."
+            f"The {_API} answer's message content is a {type(text).__name__}, not text. "
+            f"Check that the server really implements the {_API} API."
         )
     return text
 
@@ -442,7 +443,8 @@ class _Stream:
         for index, partial in enumerate(self._calls.values()):
             if not partial.name:
                 raise ModelResponseError(
-                    f"The {_API} stream sent tool call {index} without a function name."
+                    f"The {_API} stream sent tool call {index} without a function name. Check "
+                    f"that the server really implements the {_API} API."
                 )
             arguments = parse_arguments("".join(partial.arguments), partial.name, _API)
             calls.append(ToolCall(_call_id(partial.id, index), partial.name, arguments))
