@@ -723,18 +723,30 @@ class TestPromptCaching:
         ]
         assert json.dumps(body["messages"]).count("cache_control") == 1
 
-    async def test_transcript_breakpoint_skips_thinking(self, server: ModelServer) -> None:
+    @pytest.mark.parametrize(
+        ("last", "blocks"),
+        [
+            (
+                Message.assistant("Hello", reasoning=[SIGNED]),  # a prefilled answer
+                [
+                    {"type": "thinking", "thinking": SIGNED.text, "signature": SIGNED.signature},
+                    {"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}},
+                ],
+            ),
+            (
+                Message.assistant("", reasoning=[SIGNED]),  # nothing but thinking
+                [{"type": "thinking", "thinking": SIGNED.text, "signature": SIGNED.signature}],
+            ),
+        ],
+        ids=["text-after-thinking", "thinking-only"],
+    )
+    async def test_transcript_breakpoint_skips_thinking(
+        self, server: ModelServer, last: Message, blocks: list[dict[str, Any]]
+    ) -> None:
         server.reply(Reply(json=anthropic_message("ok")))
-        transcript = (
-            Message.user("Hi"),
-            Message.assistant("Hello", reasoning=[SIGNED]),  # a prefilled answer
-        )
         async with make(server, cache_transcript=True) as model:
-            await model.complete(ModelRequest("", transcript, (), {}))
-        assert server.bodies[0]["messages"][-1]["content"] == [
-            {"type": "thinking", "thinking": SIGNED.text, "signature": SIGNED.signature},
-            {"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}},
-        ]
+            await model.complete(ModelRequest("", (Message.user("Hi"), last), (), {}))
+        assert server.bodies[0]["messages"][-1]["content"] == blocks
         assert "system" not in server.bodies[0]
 
     def test_no_transcript_to_mark(self) -> None:
