@@ -57,8 +57,9 @@ class ReasoningPart:
     combined with tool use). It is never part of :attr:`Message.content` or a run's
     output.
 
-    The rule for sending it back: an adapter sends a part only in the format it came
-    from, as recorded in :attr:`provider`, and drops every other part without
+    The rule for sending it back: an adapter sends back only the parts whose
+    :attr:`provider` is its own, and of those only the ones its API accepts (none, for an
+    API that takes no reasoning in requests); it drops every other part without
     complaint. So a transcript holding reasoning from one API works with any adapter.
 
     Attributes:
