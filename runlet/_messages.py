@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ._errors import ConfigurationError
+
 __all__ = ["Message", "ReasoningPart", "Role", "ToolCall", "ToolResult", "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -44,7 +46,14 @@ class ToolResult:
     is_error: bool = False
 
 
-_optional_text = attrs.validators.optional(attrs.validators.instance_of(str))
+def _check_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, str) or (value is None and attribute.name != "text"):
+        return
+    allowed = "a str" if attribute.name == "text" else "a str or None"
+    raise ConfigurationError(
+        f"ReasoningPart.{attribute.name} must be {allowed}, not {type(value).__name__}; "
+        "adapters keep what the API sent as text."
+    )
 
 
 @attrs.frozen
@@ -72,12 +81,15 @@ class ReasoningPart:
             thinking block) or ``"openai"`` (a Chat Completions ``reasoning_content``
             field) for the adapters Runlet ships; adapters of your own pick a name of
             their own. ``None`` when unknown: no shipped adapter sends such a part back.
+
+    Raises:
+        ConfigurationError: A field is not text.
     """
 
-    text: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    signature: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
-    redacted_data: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
-    provider: str | None = attrs.field(default=None, kw_only=True, validator=_optional_text)
+    text: str = attrs.field(default="", validator=_check_text)
+    signature: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+    redacted_data: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+    provider: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
 
     @property
     def redacted(self) -> bool:

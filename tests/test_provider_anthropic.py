@@ -646,10 +646,19 @@ class TestThinking:
             response = await model.complete(ask())
         assert response.message.reasoning == (ReasoningPart("Hm.", provider="anthropic"),)
 
-    async def test_malformed_redacted_thinking(self, server: ModelServer) -> None:
-        server.reply(Reply(json=anthropic_message("Hi", thinking=[redacted_block(7)])))  # type: ignore[arg-type]
+    @pytest.mark.parametrize(
+        ("block", "words"),
+        [
+            ({"type": "redacted_thinking", "data": 7}, "redacted_thinking data is a int"),
+            ({"type": "thinking", "thinking": ["x"], "signature": "s"}, "thinking is a list"),
+        ],
+    )
+    async def test_malformed_thinking(
+        self, server: ModelServer, block: dict[str, Any], words: str
+    ) -> None:
+        server.reply(Reply(json=anthropic_message("Hi", thinking=[block])))
         async with make(server) as model:
-            with pytest.raises(ModelResponseError, match="redacted_thinking data is a int"):
+            with pytest.raises(ModelResponseError, match=words):
                 await model.complete(ask())
 
     async def test_delta_types_added_later_are_skipped(self, server: ModelServer) -> None:

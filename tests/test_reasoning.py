@@ -17,6 +17,7 @@ from strategies import reasoning_parts
 from runlet import (
     Agent,
     Checkpoint,
+    ConfigurationError,
     HumanRequest,
     Message,
     ModelRequest,
@@ -59,7 +60,8 @@ class TestReasoningPart:
         "kwargs", [{"text": None}, {"signature": b"sig"}, {"redacted_data": 1}, {"provider": 2}]
     )
     def test_fields_are_text(self, kwargs: dict[str, Any]) -> None:
-        with pytest.raises(TypeError):
+        (name,) = kwargs
+        with pytest.raises(ConfigurationError, match=f"ReasoningPart.{name} must be a str"):
             ReasoningPart(**kwargs)
 
     def test_frozen(self) -> None:

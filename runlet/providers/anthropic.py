@@ -359,6 +359,8 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 
 
 def _thinking(text: str, signature: Any) -> ReasoningPart:
+    if not isinstance(text, str):
+        raise TypeError(f"thinking is a {type(text).__name__}, not a string")
     # Without a signature the API would refuse the block, so it is never sent back.
     signed = isinstance(signature, str) and signature
     return ReasoningPart(text, signature=signature if signed else None, provider=PROVIDER)
