@@ -49,6 +49,7 @@ from ._human import HumanRequestKind as HumanRequestKind
 from ._human import HumanResponse as HumanResponse
 from ._human import ask_human as ask_human
 from ._messages import Message as Message
+from ._messages import ReasoningPart as ReasoningPart
 from ._messages import Role as Role
 from ._messages import ToolCall as ToolCall
 from ._messages import ToolResult as ToolResult
@@ -57,6 +58,7 @@ from ._model import Model as Model
 from ._model import ModelRequest as ModelRequest
 from ._model import ModelResponse as ModelResponse
 from ._model import ModelStreamItem as ModelStreamItem
+from ._model import ReasoningDelta as ReasoningDelta
 from ._model import StreamingModel as StreamingModel
 from ._model import TextDelta as TextDelta
 from ._model import ToolCallDelta as ToolCallDelta
@@ -131,6 +133,8 @@ __all__ = [
     "ModelResponseError",
     "ModelStreamItem",
     "PendingRequest",
+    "ReasoningDelta",
+    "ReasoningPart",
     "Resolution",
     "ResumeError",
     "Role",

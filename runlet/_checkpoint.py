@@ -15,7 +15,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError
 from ._human import Decision, HumanOption, HumanRequest
-from ._messages import Message, ToolCall, ToolResult, Usage
+from ._messages import Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 
 __all__ = [
@@ -291,7 +291,7 @@ def _register_tuples(converter: cattrs.Converter) -> None:
     # call; binding it once takes ~15% off a checkpoint's (de)serialization. Same data
     # in and out (lists out, tuples in). Items first, so Message's hook binds the
     # tuple[ToolCall, ...] hook made here.
-    for item in (ToolCall, ToolResult, HumanOption, Message, HumanRequest, Decision):
+    for item in (ToolCall, ToolResult, HumanOption, ReasoningPart, Message, HumanRequest, Decision):
         structure = converter.get_structure_hook(item)
         unstructure = converter.get_unstructure_hook(item)
 

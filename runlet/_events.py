@@ -8,7 +8,7 @@ import attrs
 
 from ._human import HumanRequest
 from ._messages import Message, ToolCall, ToolResult
-from ._model import TextDelta, ToolCallDelta
+from ._model import ReasoningDelta, TextDelta, ToolCallDelta
 from ._result import RunResult
 
 __all__ = [
@@ -63,6 +63,7 @@ class RunFinished:
 
 StreamEvent = Union[
     TextDelta,
+    ReasoningDelta,
     ToolCallDelta,
     MessageCompleted,
     ToolCallStarted,

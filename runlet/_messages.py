@@ -9,7 +9,7 @@ import attrs
 
 from ._errors import ConfigurationError
 
-__all__ = ["Message", "Role", "ToolCall", "ToolResult", "Usage"]
+__all__ = ["Message", "ReasoningPart", "Role", "ToolCall", "ToolResult", "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -46,6 +46,57 @@ class ToolResult:
     is_error: bool = False
 
 
+def _check_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, str) or (value is None and attribute.name != "text"):
+        return
+    allowed = "a str" if attribute.name == "text" else "a str or None"
+    raise ConfigurationError(
+        f"ReasoningPart.{attribute.name} must be {allowed}, not {type(value).__name__}; "
+        "adapters keep what the API sent as text."
+    )
+
+
+@attrs.frozen
+class ReasoningPart:
+    """A piece of a model's reasoning (its "thinking") that came with an assistant
+    message.
+
+    Reasoning is kept on the message so it survives checkpoints and can go back to the
+    API that produced it, some of which require that (Anthropic's extended thinking
+    combined with tool use). It is never part of :attr:`Message.content` or a run's
+    output.
+
+    The rule for sending it back: an adapter sends back only the parts whose
+    :attr:`provider` is its own, and of those only the ones its API accepts (none, for an
+    API that takes no reasoning in requests); it drops every other part without
+    complaint. So a transcript holding reasoning from one API works with any adapter.
+
+    Attributes:
+        text: The reasoning as readable text; empty for a redacted part.
+        signature: An opaque token the API attached to the text to prove it unaltered
+            (Anthropic's ``signature``); send it back exactly as received.
+        redacted_data: For reasoning the API only hands out encrypted (Anthropic's
+            ``redacted_thinking``), the encrypted data, to be sent back as received.
+        provider: Which API format the part came from: ``"anthropic"`` (a Messages API
+            thinking block) or ``"openai"`` (a Chat Completions ``reasoning_content``
+            field) for the adapters Runlet ships; adapters of your own pick a name of
+            their own. ``None`` when unknown: no shipped adapter sends such a part back.
+
+    Raises:
+        ConfigurationError: A field is not text.
+    """
+
+    text: str = attrs.field(default="", validator=_check_text)
+    signature: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+    redacted_data: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+    provider: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+
+    @property
+    def redacted(self) -> bool:
+        """Whether the reasoning is only available encrypted (in :attr:`redacted_data`)."""
+        return self.redacted_data is not None
+
+
 def _check_role(_: object, __: attrs.Attribute[str], value: str) -> None:
     if value not in _ROLES:
         raise ConfigurationError(
@@ -55,6 +106,10 @@ def _check_role(_: object, __: attrs.Attribute[str], value: str) -> None:
 
 def _as_tuple(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return calls if type(calls) is tuple else tuple(calls)
+
+
+def _reasoning_tuple(parts: Sequence[ReasoningPart]) -> tuple[ReasoningPart, ...]:
+    return parts if type(parts) is tuple else tuple(parts)
 
 
 @attrs.frozen
@@ -69,6 +124,9 @@ class Message:
         content: The text.
         tool_calls: For an assistant message, the tools it asks to call, in order.
         tool_result: For a tool message, the result it carries.
+        reasoning: For an assistant message, the model's reasoning that came with it,
+            in the order the model produced it (see :class:`ReasoningPart`). Empty for
+            most models, and for every other role.
 
     Raises:
         ConfigurationError: *role* is not one of the four roles.
@@ -78,6 +136,9 @@ class Message:
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_as_tuple)
     tool_result: ToolResult | None = None
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(
+        default=(), converter=_reasoning_tuple, kw_only=True
+    )
 
     @classmethod
     def system(cls, text: str) -> Message:
@@ -90,9 +151,16 @@ class Message:
         return cls("user", text)
 
     @classmethod
-    def assistant(cls, text: str = "", tool_calls: Sequence[ToolCall] = ()) -> Message:
-        """An assistant message, optionally asking for tool calls."""
-        return cls("assistant", text, tool_calls)
+    def assistant(
+        cls,
+        text: str = "",
+        tool_calls: Sequence[ToolCall] = (),
+        *,
+        reasoning: Sequence[ReasoningPart] = (),
+    ) -> Message:
+        """An assistant message, optionally asking for tool calls, optionally with the
+        model's reasoning."""
+        return cls("assistant", text, tool_calls, reasoning=reasoning)
 
     @classmethod
     def tool(cls, result: ToolResult) -> Message:
@@ -108,11 +176,17 @@ class Usage:
         input_tokens: Tokens sent to the model.
         output_tokens: Tokens the model produced.
         requests: Model requests made.
+        cache_read_tokens: Of the input tokens, those read from the API's prompt cache
+            (usually billed at a fraction of the price).
+        cache_write_tokens: Of the input tokens, those written to the API's prompt cache
+            (Anthropic bills them at a premium; OpenAI reports none).
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 0
+    cache_read_tokens: int = attrs.field(default=0, kw_only=True)
+    cache_write_tokens: int = attrs.field(default=0, kw_only=True)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -121,4 +195,6 @@ class Usage:
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.requests + other.requests,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )

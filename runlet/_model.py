@@ -16,6 +16,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelStreamItem",
+    "ReasoningDelta",
     "StreamingModel",
     "TextDelta",
     "ToolCallDelta",
@@ -66,6 +67,19 @@ class TextDelta:
 
 
 @attrs.frozen
+class ReasoningDelta:
+    """A piece of the model's reasoning (its "thinking"), as a streaming model produces
+    it; never part of the answer's text.
+
+    Like :class:`TextDelta`, it is both what a streaming adapter yields and the stream
+    event a :meth:`~runlet.Runtime.stream` consumer receives. The complete reasoning
+    arrives with the final message, as :attr:`Message.reasoning <runlet.Message.reasoning>`.
+    """
+
+    text: str
+
+
+@attrs.frozen
 class ToolCallDelta:
     """A piece of a tool call, as a streaming model produces it.
 
@@ -83,7 +97,7 @@ class ToolCallDelta:
     arguments: str = ""
 
 
-ModelStreamItem = Union[TextDelta, ToolCallDelta, ModelResponse]
+ModelStreamItem = Union[TextDelta, ReasoningDelta, ToolCallDelta, ModelResponse]
 """What a streaming adapter yields: deltas as they come, then one final
 :class:`ModelResponse` holding the complete message and its usage."""
 

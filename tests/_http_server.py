@@ -42,7 +42,8 @@ class Reply:
         status: The HTTP status.
         json: A JSON body.
         raw: A raw body (for answers that are not JSON); wins over ``json``.
-        headers: Extra response headers.
+        headers: Extra response headers; a ``content-type`` here replaces the usual one
+            (an empty one sends none).
         events: A server-sent event stream: each string is sent as one chunk.
         cut_after: With ``events``, drop the connection after this many chunks.
         hang: Send nothing until the test releases the server.
@@ -159,19 +160,23 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             else:
                 content = reply.raw if reply.raw is not None else json.dumps(reply.json).encode()
                 self.send_response(reply.status)
-                self.send_header("content-type", "application/json")
+                self._headers(reply, "application/json")
                 self.send_header("content-length", str(len(content)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(content)
             self.wfile.flush()
             server.answered.set()
 
+        def _headers(self, reply: Reply, content_type: str) -> None:
+            headers = {"content-type": content_type, **reply.headers}
+            for name, value in headers.items():
+                if value:
+                    self.send_header(name, value)
+
         def _stream(self, reply: Reply) -> None:
             assert reply.events is not None
             self.send_response(reply.status)
-            self.send_header("content-type", "text/event-stream")
+            self._headers(reply, "text/event-stream")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             for number, event in enumerate(reply.events):

@@ -78,7 +78,11 @@ def _check_openai_message(message: Any, open_calls: set[str]) -> list[str]:
         ok = isinstance(message.get("content"), str) and set(message) == {"role", "content"}
         return [] if ok else [f"bad {role} message {message!r}"]
     if role == "assistant":
-        problems = []
+        problems = [
+            f"assistant message key {key!r} is not part of a Chat Completions request"
+            for key in message
+            if key not in {"role", "content", "tool_calls"}
+        ]
         if not isinstance(message.get("content"), (str, type(None))):
             problems.append("assistant content is not a string or null")
         for call in message.get("tool_calls", []):
@@ -107,9 +111,19 @@ def openai_completion(
     text: str | None = None,
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
     usage: tuple[int, int] | None = (11, 7),
+    *,
+    cached: int | None = None,
+    reasoning: str | None = None,
+    reasoning_field: str = "reasoning_content",
 ) -> dict[str, Any]:
-    """A Chat Completions answer; *calls* are ``(id, name, arguments JSON text)``."""
+    """A Chat Completions answer; *calls* are ``(id, name, arguments JSON text)``.
+
+    *cached* adds ``usage.prompt_tokens_details.cached_tokens``; *reasoning* puts
+    reasoning text in *reasoning_field* (DeepSeek's ``reasoning_content``, or vLLM's
+    ``reasoning``)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message[reasoning_field] = reasoning
     if calls:
         message["tool_calls"] = [
             {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
@@ -129,12 +143,19 @@ def openai_completion(
         ],
     }
     if usage is not None:
-        answer["usage"] = {
-            "prompt_tokens": usage[0],
-            "completion_tokens": usage[1],
-            "total_tokens": sum(usage),
-        }
+        answer["usage"] = _openai_usage(*usage, cached=cached)
     return answer
+
+
+def _openai_usage(prompt: int, completion: int, *, cached: int | None) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+    return usage
 
 
 def openai_chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -150,7 +171,7 @@ def openai_chunk(delta: dict[str, Any], finish: str | None = None) -> str:
     )
 
 
-def openai_usage_chunk(prompt: int, completion: int) -> str:
+def openai_usage_chunk(prompt: int, completion: int, cached: int | None = None) -> str:
     """The last chunk of a stream asked for ``include_usage``: no choices, just usage."""
     return sse(
         {
@@ -159,11 +180,7 @@ def openai_usage_chunk(prompt: int, completion: int) -> str:
             "created": 1,
             "model": "test-model",
             "choices": [],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": _openai_usage(prompt, completion, cached=cached),
         }
     )
 
@@ -176,9 +193,17 @@ def openai_stream(
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
     piece: int = 3,
     usage: tuple[int, int] = (11, 7),
+    *,
+    reasoning: str = "",
+    reasoning_field: str = "reasoning_content",
 ) -> tuple[str, ...]:
-    """A whole stream: the text and each call's arguments cut into *piece*-char chunks."""
+    """A whole stream: the reasoning, the text and each call's arguments cut into
+    *piece*-char chunks."""
     events = [openai_chunk({"role": "assistant", "content": ""})]
+    events += [
+        openai_chunk({reasoning_field: reasoning[i : i + piece], "content": None})
+        for i in range(0, len(reasoning), piece)
+    ]
     events += [openai_chunk({"content": text[i : i + piece]}) for i in range(0, len(text), piece)]
     for index, (call_id, name, arguments) in enumerate(calls):
         events.append(
@@ -226,7 +251,47 @@ ANTHROPIC_BODY_KEYS = {
     "tool_choice",
     "service_tier",
     "metadata",
+    "thinking",
 }
+
+_CACHE_TTLS = {"5m", "1h"}
+
+
+def _check_cache_control(where: str, value: Any) -> list[str]:
+    if not isinstance(value, dict) or value.get("type") != "ephemeral":
+        return [f"{where}: cache_control is not {{'type': 'ephemeral'}}: {value!r}"]
+    if set(value) - {"type", "ttl"} or value.get("ttl", "5m") not in _CACHE_TTLS:
+        return [f"{where}: bad cache_control {value!r}"]
+    return []
+
+
+def _check_system(system: Any) -> list[str]:
+    if isinstance(system, str):
+        return []
+    if not isinstance(system, list) or not system:
+        return ["system is neither a string nor a list of text blocks"]
+    problems = []
+    for block in system:
+        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+            problems.append(f"bad system block {block!r}")
+        if set(block) - {"type", "text", "cache_control"}:
+            problems.append(f"unknown keys in system block {block!r}")
+        if "cache_control" in block:
+            problems += _check_cache_control("system", block["cache_control"])
+    return problems
+
+
+def _check_thinking_option(thinking: Any) -> list[str]:
+    if thinking == {"type": "disabled"}:
+        return []
+    if (
+        not isinstance(thinking, dict)
+        or thinking.get("type") != "enabled"
+        or not isinstance(thinking.get("budget_tokens"), int)
+        or thinking["budget_tokens"] < 1024
+    ):
+        return [f"bad thinking option {thinking!r}"]
+    return []
 
 
 def check_anthropic(seen: Seen) -> list[str]:
@@ -248,11 +313,16 @@ def check_anthropic(seen: Seen) -> list[str]:
         problems.append("model is missing")
     if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
         problems.append("max_tokens is missing or not a positive int")
-    if "system" in body and not isinstance(body["system"], str):
-        problems.append("system is not a string")
+    if "system" in body:
+        problems += _check_system(body["system"])
+    thinking = isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled"
+    if "thinking" in body:
+        problems += _check_thinking_option(body["thinking"])
     for tool in body.get("tools", []):
-        if set(tool) != {"name", "description", "input_schema"}:
+        if set(tool) - {"cache_control"} != {"name", "description", "input_schema"}:
             problems.append(f"bad tool {tool!r}")
+        if "cache_control" in tool:
+            problems += _check_cache_control(f"tool {tool.get('name')!r}", tool["cache_control"])
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return [*problems, "messages is not a non-empty list"]
@@ -269,15 +339,61 @@ def check_anthropic(seen: Seen) -> list[str]:
             continue
         problems += _check_blocks(role, blocks, previous_calls)
         previous_calls = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+    breakpoints = json.dumps(body).count('"cache_control"')
+    if breakpoints > 4:
+        problems.append(f"{breakpoints} cache_control breakpoints; the API allows 4")
+    if thinking:
+        problems += _check_thinking_turn(messages)
     return problems
+
+
+def _check_thinking_turn(messages: list[Any]) -> list[str]:
+    """With thinking on, the assistant turn whose tool calls the request answers must
+    start with its thinking block, as the API returned it."""
+    if len(messages) < 2 or messages[-1].get("role") != "user":
+        return []
+    last = messages[-1].get("content") or []
+    if not any(block.get("type") == "tool_result" for block in last):
+        return []
+    first = (messages[-2].get("content") or [{}])[0]
+    if first.get("type") not in _THINKING:
+        return [
+            "thinking is enabled, but the assistant turn with the tool calls does not "
+            f"start with a thinking block: {first!r}"
+        ]
+    return []
+
+
+_THINKING = {"thinking", "redacted_thinking"}
 
 
 def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> list[str]:
     problems = []
     answered = set()
     seen_other = False
+    seen_answer = False
     for block in blocks:
         kind = block.get("type")
+        if "cache_control" in block:
+            if kind in _THINKING:
+                problems.append("thinking blocks cannot carry cache_control")
+            problems += _check_cache_control(f"{kind} block", block["cache_control"])
+        if kind in _THINKING and role == "assistant":
+            if seen_answer:
+                problems.append("thinking blocks must come before text and tool_use blocks")
+            if kind == "thinking" and not (
+                isinstance(block.get("thinking"), str)
+                and isinstance(block.get("signature"), str)
+                and block["signature"]
+                and set(block) == {"type", "thinking", "signature"}
+            ):
+                problems.append(f"bad thinking block {block!r}")
+            if kind == "redacted_thinking" and not (
+                isinstance(block.get("data"), str) and set(block) == {"type", "data"}
+            ):
+                problems.append(f"bad redacted_thinking block {block!r}")
+            continue
+        seen_answer = True
         if kind == "text":
             if not isinstance(block.get("text"), str) or not block["text"]:
                 problems.append("empty text block")
@@ -302,13 +418,36 @@ def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> lis
     return problems
 
 
+def anthropic_usage(usage: tuple[int, int], cache: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A ``usage`` object; *cache* is ``(read, written)`` prompt-cache tokens."""
+    counts: dict[str, Any] = {"input_tokens": usage[0], "output_tokens": usage[1]}
+    if cache is not None:
+        counts["cache_read_input_tokens"] = cache[0]
+        counts["cache_creation_input_tokens"] = cache[1]
+    return counts
+
+
+def thinking_block(text: str, signature: str) -> dict[str, Any]:
+    """A ``thinking`` content block."""
+    return {"type": "thinking", "thinking": text, "signature": signature}
+
+
+def redacted_block(data: str) -> dict[str, Any]:
+    """A ``redacted_thinking`` content block."""
+    return {"type": "redacted_thinking", "data": data}
+
+
 def anthropic_message(
     text: str | None = None,
     calls: list[tuple[str, str, Any]] = (),  # type: ignore[assignment]
     usage: tuple[int, int] = (21, 9),
+    *,
+    thinking: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    cache: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """A Messages answer; *calls* are ``(id, name, input)``."""
-    content: list[dict[str, Any]] = []
+    """A Messages answer; *calls* are ``(id, name, input)``; *thinking* blocks come
+    first; *cache* is ``(read, written)`` prompt-cache tokens."""
+    content: list[dict[str, Any]] = list(thinking)
     if text is not None:
         content.append({"type": "text", "text": text})
     content += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in calls]
@@ -320,7 +459,7 @@ def anthropic_message(
         "content": content,
         "stop_reason": "tool_use" if calls else "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+        "usage": anthropic_usage(usage, cache),
     }
 
 
@@ -334,14 +473,20 @@ def anthropic_stream(
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
     piece: int = 3,
     usage: tuple[int, int] = (21, 9),
+    *,
+    thinking: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    cache: tuple[int, int] | None = None,
 ) -> tuple[str, ...]:
-    """A whole stream; *calls* are ``(id, name, input JSON text)``, cut into pieces."""
+    """A whole stream; *calls* are ``(id, name, input JSON text)``, cut into pieces.
+
+    *thinking* blocks come first: a ``thinking`` block as ``thinking_delta`` pieces and
+    one ``signature_delta``, a ``redacted_thinking`` block whole in its start event."""
     events = [
         anthropic_event(
             {
                 "type": "message_start",
                 "message": {
-                    **anthropic_message(usage=(usage[0], 1)),
+                    **anthropic_message(usage=(usage[0], 1), cache=cache),
                     "content": [],
                     "stop_reason": None,
                 },
@@ -350,12 +495,15 @@ def anthropic_stream(
         anthropic_event({"type": "ping"}),
     ]
     index = 0
+    for block in thinking:
+        events += _thinking_events(index, block, piece)
+        index += 1
     if text:
         events.append(
             anthropic_event(
                 {
                     "type": "content_block_start",
-                    "index": 0,
+                    "index": index,
                     "content_block": {"type": "text", "text": ""},
                 }
             )
@@ -364,14 +512,14 @@ def anthropic_stream(
             anthropic_event(
                 {
                     "type": "content_block_delta",
-                    "index": 0,
+                    "index": index,
                     "delta": {"type": "text_delta", "text": text[i : i + piece]},
                 }
             )
             for i in range(0, len(text), piece)
         ]
-        events.append(anthropic_event({"type": "content_block_stop", "index": 0}))
-        index = 1
+        events.append(anthropic_event({"type": "content_block_stop", "index": index}))
+        index += 1
     for offset, (call_id, name, arguments) in enumerate(calls):
         block = index + offset
         events.append(
@@ -405,3 +553,42 @@ def anthropic_stream(
         anthropic_event({"type": "message_stop"}),
     ]
     return tuple(events)
+
+
+def _thinking_events(index: int, block: dict[str, Any], piece: int) -> list[str]:
+    if block["type"] == "redacted_thinking":
+        start = anthropic_event(
+            {"type": "content_block_start", "index": index, "content_block": block}
+        )
+        return [start, anthropic_event({"type": "content_block_stop", "index": index})]
+    text = block["thinking"]
+    events = [
+        anthropic_event(
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            }
+        )
+    ]
+    events += [
+        anthropic_event(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "thinking_delta", "thinking": text[i : i + piece]},
+            }
+        )
+        for i in range(0, len(text), piece)
+    ]
+    events += [
+        anthropic_event(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "signature_delta", "signature": block["signature"]},
+            }
+        ),
+        anthropic_event({"type": "content_block_stop", "index": index}),
+    ]
+    return events

@@ -14,6 +14,7 @@ from runlet import (
     HumanRequest,
     HumanRequestKind,
     Message,
+    ReasoningPart,
     ToolCall,
     ToolResult,
     Usage,
@@ -27,6 +28,7 @@ __all__ = [
     "json_values",
     "messages",
     "not_json",
+    "reasoning_parts",
     "times",
     "tool_calls",
     "transcripts",
@@ -66,10 +68,24 @@ not_json: st.SearchStrategy[Any] = st.sampled_from(
 tool_calls = st.builds(ToolCall, id=ids, name=ids, arguments=json_objects)
 tool_results = st.builds(ToolResult, tool_call_id=ids, content=texts, is_error=st.booleans())
 
+reasoning_parts = st.builds(
+    ReasoningPart,
+    texts,
+    signature=st.none() | texts,
+    redacted_data=st.none() | texts,
+    provider=st.none() | st.sampled_from(["anthropic", "openai"]) | texts,
+)
+"""Reasoning as any adapter might keep it."""
+
 messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Message.system, texts),
     st.builds(Message.user, texts),
-    st.builds(Message.assistant, texts, st.lists(tool_calls, max_size=3)),
+    st.builds(
+        Message.assistant,
+        texts,
+        st.lists(tool_calls, max_size=3),
+        reasoning=st.lists(reasoning_parts, max_size=2),
+    ),
     st.builds(Message.tool, tool_results),
 )
 
@@ -154,6 +170,15 @@ def checkpoints(
         request=requests[0],
         more_requests=tuple(requests[1:]),
         decisions=tuple(draw(st.lists(decisions, max_size=2))),
-        usage=draw(st.builds(Usage, _counts, _counts, _counts)),
+        usage=draw(
+            st.builds(
+                Usage,
+                _counts,
+                _counts,
+                _counts,
+                cache_read_tokens=_counts,
+                cache_write_tokens=_counts,
+            )
+        ),
         turns=draw(_counts),
     )

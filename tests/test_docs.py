@@ -35,7 +35,14 @@ import runlet.testing
 pytestmark = pytest.mark.anyio
 
 DOCS = Path(__file__).parent.parent / "docs"
-PAGES = ["index.md", "human-in-the-loop.md", "streaming.md", "testing.md"]
+PAGES = [
+    "index.md",
+    "human-in-the-loop.md",
+    "streaming.md",
+    "testing.md",
+    "models.md",
+    "custom-models.md",
+]
 
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
@@ -99,11 +106,24 @@ def check_testing(ns: dict[str, Any]) -> None:
     assert len(tests) >= 3
 
 
+def check_models(ns: dict[str, Any]) -> None:
+    assert len(ns["sent"]) == 2  # the prompt-caching run: the tool call, then the answer
+    assert ns["answer"] == ["4"]
+    assert ns["result"].usage.requests == 2
+
+
+def check_custom_models(ns: dict[str, Any]) -> None:
+    assert ns["sent_back"]
+    assert ns["sent_back"][0]["content"].startswith("<think>")
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "index.md": check_index,
     "human-in-the-loop.md": check_human_in_the_loop,
     "streaming.md": check_streaming,
     "testing.md": check_testing,
+    "models.md": check_models,
+    "custom-models.md": check_custom_models,
 }
 
 

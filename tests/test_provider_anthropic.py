@@ -10,7 +10,14 @@ import anyio
 import anyio.to_thread
 import pytest
 from _http_server import ModelServer, Reply, sse
-from _wire import anthropic_event, anthropic_message, anthropic_stream, check_anthropic
+from _wire import (
+    anthropic_event,
+    anthropic_message,
+    anthropic_stream,
+    check_anthropic,
+    redacted_block,
+    thinking_block,
+)
 
 from runlet import (
     Agent,
@@ -23,6 +30,8 @@ from runlet import (
     ModelRequest,
     ModelResponse,
     ModelResponseError,
+    ReasoningDelta,
+    ReasoningPart,
     Runtime,
     StreamingModel,
     TextDelta,
@@ -35,6 +44,7 @@ from runlet import (
     structure_checkpoint,
     unstructure_checkpoint,
 )
+from runlet.providers._http import should_retry
 from runlet.providers.anthropic import AnthropicModel
 
 pytestmark = pytest.mark.anyio
@@ -186,7 +196,7 @@ class TestComplete:
                 await model.complete(ModelRequest("", (Message("tool", "x"),), (), {}))
         assert server.requests == []
 
-    async def test_cache_tokens_count_as_input(self, server: ModelServer) -> None:
+    async def test_cache_tokens_count_as_input_and_separately(self, server: ModelServer) -> None:
         answer = anthropic_message("ok")
         answer["usage"] = {
             "input_tokens": 5,
@@ -196,7 +206,8 @@ class TestComplete:
         }
         server.reply(Reply(json=answer))
         async with make(server) as model:
-            assert (await model.complete(ask())).usage == Usage(1105, 4, 1)
+            usage = (await model.complete(ask())).usage
+        assert usage == Usage(1105, 4, 1, cache_read_tokens=1000, cache_write_tokens=100)
 
     async def test_key_from_environment(
         self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
@@ -405,9 +416,11 @@ class TestStreaming:
         server.reply(Reply(events=events))
         async with make(server) as model:
             items = await collect(model, ask())
-        assert items[0] == TextDelta("Hi")
+        assert items[:2] == [ReasoningDelta("hm"), TextDelta("Hi")]
+        unsigned = ReasoningPart("hm", provider="anthropic")  # kept, but never sent back
         assert items[-1] == ModelResponse(
-            Message.assistant("Hi", [ToolCall("t", "now", {})]), Usage(3, 2, 1)
+            Message.assistant("Hi", [ToolCall("t", "now", {})], reasoning=[unsigned]),
+            Usage(3, 2, 1),
         )
 
     async def test_stream_cut_off_midway(self, server: ModelServer) -> None:
@@ -523,6 +536,410 @@ async def test_human_in_the_loop_through_checkpoint_json(server: ModelServer) ->
         "input": {"order_id": "123"},
     }
     assert messages[-1] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_r7", "content": "Refunded order 123."}
+        ],
+    }
+
+
+# -- extended thinking ---------------------------------------------------------------------
+
+THINKING = {"type": "enabled", "budget_tokens": 2048}
+SIGNED = ReasoningPart("The user wants Oslo.", signature="sig-Eq8x", provider="anthropic")
+REDACTED = ReasoningPart(redacted_data="ENCRYPTED==", provider="anthropic")
+
+
+class TestThinking:
+    async def test_blocks_become_reasoning(self, server: ModelServer) -> None:
+        answer = anthropic_message(
+            "Checking.",
+            [("toolu_1", "weather", {"city": "Oslo"})],
+            thinking=[
+                thinking_block("The user wants Oslo.", "sig-Eq8x"),
+                redacted_block("ENCRYPTED=="),
+            ],
+        )
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,), thinking=THINKING))
+        assert response.message == Message.assistant(
+            "Checking.",
+            [ToolCall("toolu_1", "weather", {"city": "Oslo"})],
+            reasoning=[SIGNED, REDACTED],
+        )
+        assert server.bodies[0]["thinking"] == THINKING
+
+    async def test_sent_back_unchanged_before_the_tool_calls(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Sunny in Oslo.")))
+        reasoning = [
+            SIGNED,
+            ReasoningPart("unsigned", provider="anthropic"),  # the API would refuse it
+            ReasoningPart("from DeepSeek", provider="openai"),
+            ReasoningPart("from who knows", signature="x"),
+            REDACTED,
+        ]
+        call = ToolCall("toolu_1", "weather", {"city": "Oslo"})
+        transcript = (
+            Message.user("Weather in Oslo?"),
+            Message.assistant("Checking.", [call], reasoning=reasoning),
+            Message.tool(ToolResult("toolu_1", "Sunny")),
+        )
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {"thinking": THINKING}))
+        assert server.bodies[0]["messages"][1] == {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "The user wants Oslo.", "signature": "sig-Eq8x"},
+                {"type": "redacted_thinking", "data": "ENCRYPTED=="},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+            ],
+        }
+
+    async def test_streamed_as_reasoning_deltas(self, server: ModelServer) -> None:
+        events = anthropic_stream(
+            "Hello!",
+            thinking=[thinking_block("Say hello politely.", "sig-stream"), redacted_block("E==")],
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask(thinking=THINKING))
+        *deltas, final = items
+        reasoning = [item.text for item in deltas if isinstance(item, ReasoningDelta)]
+        texts = [item.text for item in deltas if isinstance(item, TextDelta)]
+        assert len(reasoning) > 1
+        assert "".join(reasoning) == "Say hello politely."
+        assert "".join(texts) == "Hello!"
+        assert all(isinstance(item, ReasoningDelta) for item in deltas[: len(reasoning)])
+        assert final.message == Message.assistant(
+            "Hello!",
+            reasoning=[
+                ReasoningPart("Say hello politely.", signature="sig-stream", provider="anthropic"),
+                ReasoningPart(redacted_data="E==", provider="anthropic"),
+            ],
+        )
+
+    async def test_signature_in_the_start_block(self, server: ModelServer) -> None:
+        events = (
+            anthropic_event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}}),
+            anthropic_event(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "thinking", "thinking": "Hm.", "signature": "s"},
+                }
+            ),
+            anthropic_event({"type": "message_stop"}),
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[0] == ReasoningDelta("Hm.")
+        assert items[-1].message.reasoning == (
+            ReasoningPart("Hm.", signature="s", provider="anthropic"),
+        )
+
+    async def test_an_empty_signature_is_none(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Hi", thinking=[thinking_block("Hm.", "")])))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.reasoning == (ReasoningPart("Hm.", provider="anthropic"),)
+
+    @pytest.mark.parametrize(
+        ("block", "words"),
+        [
+            ({"type": "redacted_thinking", "data": 7}, "redacted_thinking data is a int"),
+            ({"type": "thinking", "thinking": ["x"], "signature": "s"}, "thinking is a list"),
+        ],
+    )
+    async def test_malformed_thinking(
+        self, server: ModelServer, block: dict[str, Any], words: str
+    ) -> None:
+        server.reply(Reply(json=anthropic_message("Hi", thinking=[block])))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match=words):
+                await model.complete(ask())
+
+    async def test_delta_types_added_later_are_skipped(self, server: ModelServer) -> None:
+        citation = {"type": "citations_delta", "citation": {"cited_text": "x"}}
+        events = list(anthropic_stream("Hi"))
+        events.insert(
+            -3, anthropic_event({"type": "content_block_delta", "index": 0, "delta": citation})
+        )
+        server.reply(Reply(events=tuple(events)))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].message == Message.assistant("Hi")
+
+    async def test_runtime_stream_hands_out_reasoning_deltas(self, server: ModelServer) -> None:
+        events = anthropic_stream("Hi there.", thinking=[thinking_block("Greet back.", "s1")])
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            agent = Agent("a", "Be brief.", model)
+            async with Runtime().stream(agent, "Hi", options={"thinking": THINKING}) as stream:
+                events_seen = [event async for event in stream]
+        reasoning = "".join(e.text for e in events_seen if isinstance(e, ReasoningDelta))
+        text = "".join(e.text for e in events_seen if isinstance(e, TextDelta))
+        assert (reasoning, text) == ("Greet back.", "Hi there.")
+        assert stream.result.output == "Hi there."
+        assert stream.result.transcript[-1].reasoning[0].signature == "s1"
+
+
+# -- prompt caching ------------------------------------------------------------------------
+
+TIME = ToolDefinition("time", "The time now.", {"type": "object", "properties": {}})
+
+
+class TestPromptCaching:
+    async def test_off_by_default(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("ok")))
+        async with make(server) as model:
+            await model.complete(ask(tools=(WEATHER, TIME)))
+        assert "cache_control" not in json.dumps(server.bodies[0])
+
+    async def test_system_prompt_and_tools(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("ok")))
+        async with make(server, prompt_caching=True) as model:
+            await model.complete(ask(tools=(WEATHER, TIME)))
+        body = server.bodies[0]
+        ephemeral = {"type": "ephemeral"}
+        assert body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": ephemeral}]
+        assert "cache_control" not in body["tools"][0]
+        assert body["tools"][1]["cache_control"] == ephemeral
+        assert "cache_control" not in json.dumps(body["messages"])
+
+    async def test_transcript_and_ttl(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("ok")))
+        call = ToolCall("t1", "time", {})
+        transcript = (
+            Message.user("What time is it?"),
+            Message.assistant("", [call], reasoning=[SIGNED]),
+            Message.tool(ToolResult("t1", "noon")),
+            Message.user("Thanks."),
+        )
+        async with make(
+            server, prompt_caching=True, cache_transcript=True, cache_ttl="1h"
+        ) as model:
+            await model.complete(ModelRequest("Be brief.", transcript, (TIME,), {}))
+        body = server.bodies[0]
+        marked = {"type": "ephemeral", "ttl": "1h"}
+        assert body["system"][0]["cache_control"] == marked
+        assert body["tools"][0]["cache_control"] == marked
+        assert body["messages"][-1]["content"] == [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "noon"},
+            {"type": "text", "text": "Thanks.", "cache_control": marked},
+        ]
+        assert json.dumps(body["messages"]).count("cache_control") == 1
+
+    @pytest.mark.parametrize(
+        ("last", "blocks"),
+        [
+            (
+                Message.assistant("Hello", reasoning=[SIGNED]),  # a prefilled answer
+                [
+                    {"type": "thinking", "thinking": SIGNED.text, "signature": SIGNED.signature},
+                    {"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}},
+                ],
+            ),
+            (
+                Message.assistant("", reasoning=[SIGNED]),  # nothing but thinking
+                [{"type": "thinking", "thinking": SIGNED.text, "signature": SIGNED.signature}],
+            ),
+        ],
+        ids=["text-after-thinking", "thinking-only"],
+    )
+    async def test_transcript_breakpoint_skips_thinking(
+        self, server: ModelServer, last: Message, blocks: list[dict[str, Any]]
+    ) -> None:
+        server.reply(Reply(json=anthropic_message("ok")))
+        async with make(server, cache_transcript=True) as model:
+            await model.complete(ModelRequest("", (Message.user("Hi"), last), (), {}))
+        assert server.bodies[0]["messages"][-1]["content"] == blocks
+        assert "system" not in server.bodies[0]
+
+    def test_no_transcript_to_mark(self) -> None:
+        # Only system text: no turn to put a breakpoint on (the API will say what is wrong).
+        model = AnthropicModel("m", api_key="k", cache_transcript=True)
+        request = ModelRequest("Be brief.", (Message.system("Rule."),), (), {})
+        assert model._body(request, stream=False)["messages"] == []
+
+    @pytest.mark.parametrize("bad", ["", 60, b"1h"])
+    def test_bad_ttl(self, bad: Any) -> None:
+        with pytest.raises(ConfigurationError, match="cache_ttl"):
+            AnthropicModel("m", api_key="k", cache_ttl=bad)
+
+    async def test_streamed_cache_counts(self, server: ModelServer) -> None:
+        server.reply(Reply(events=anthropic_stream("ok", usage=(5, 2), cache=(700, 30))))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].usage == Usage(735, 2, 1, cache_read_tokens=700, cache_write_tokens=30)
+
+    async def test_later_stream_counts_replace_earlier_ones(self, server: ModelServer) -> None:
+        start = {"input_tokens": 5, "cache_read_input_tokens": 0, "output_tokens": 1}
+        final = {"input_tokens": 5, "cache_read_input_tokens": 40, "output_tokens": 9}
+        events = (
+            anthropic_event({"type": "message_start", "message": {"usage": start}}),
+            anthropic_event({"type": "message_delta", "delta": {}, "usage": final}),
+            anthropic_event({"type": "message_delta", "delta": {}, "usage": {"input_tokens": 0}}),
+            anthropic_event({"type": "message_stop"}),
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].usage == Usage(45, 9, 1, cache_read_tokens=40)
+
+
+# -- errors inside a stream ----------------------------------------------------------------
+
+
+def error_body(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class TestInStreamErrors:
+    @pytest.mark.parametrize(
+        ("kind", "status"),
+        [
+            ("overloaded_error", 529),
+            ("rate_limit_error", 429),
+            ("api_error", 500),
+            ("invalid_request_error", 400),
+            ("permission_error", 403),
+            ("some_new_error", 500),
+        ],
+    )
+    async def test_same_error_as_the_http_answer(
+        self, server: ModelServer, kind: str, status: int
+    ) -> None:
+        message = f"{kind} happened"
+        events = (*anthropic_stream("Hello")[:3], sse(error_body(kind, message), "error"))
+        server.reply(Reply(status, error_body(kind, message)), Reply(events=events))
+        async with make(server, max_retries=0) as model:
+            with pytest.raises(ModelAPIError) as answered:
+                await model.complete(ask())
+            with pytest.raises(ModelAPIError, match=message) as streamed:
+                await collect(model, ask())
+        assert streamed.value.status_code == answered.value.status_code == status
+        assert streamed.value.body == answered.value.body == message
+        assert "(HTTP" in str(streamed.value)
+        assert should_retry(streamed.value.status_code) == (status >= 500 or status == 429)
+
+    async def test_error_event_first_is_not_retried(self, server: ModelServer) -> None:
+        events = (sse(error_body("overloaded_error", "Overloaded"), "error"),)
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="Overloaded") as info:
+                await collect(model, ask())
+        assert str(info.value) == (
+            "The Anthropic Messages API reported overloaded_error (HTTP 529): Overloaded. "
+            "This is usually temporary: try again later."
+        )
+        assert len(server.requests) == 1
+
+    async def test_error_event_without_details(self, server: ModelServer) -> None:
+        server.reply(Reply(events=(sse({"type": "error"}, "error"),)))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="reported error") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 500
+
+
+class TestServerThatDoesNotStream:
+    async def test_a_plain_answer_is_refused_with_a_reason(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Not streamed.")))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="not text/event-stream") as info:
+                await collect(model, ask())
+        assert "application/json" in str(info.value)
+        assert "ended before" not in str(info.value)
+
+    async def test_an_error_body_is_the_api_error(self, server: ModelServer) -> None:
+        server.reply(Reply(json=error_body("overloaded_error", "Overloaded")))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="Overloaded") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 529
+
+
+# -- thinking + tool use + approval + checkpoint JSON + resume -----------------------------
+
+
+async def first_turn(
+    runtime: Runtime, agent: Agent, options: dict[str, Any], *, streaming: bool
+) -> tuple[Any, list[Any]]:
+    if not streaming:
+        return await runtime.run(agent, "Refund order 123.", options=options), []
+    async with runtime.stream(agent, "Refund order 123.", options=options) as stream:
+        events = [event async for event in stream]
+    return stream.result, events
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
+async def test_thinking_survives_approval_checkpoint_json_and_resume(
+    server: ModelServer, streaming: bool
+) -> None:
+    thinking = [thinking_block("A refund needs approval; call the tool.", "sig-R7a==")]
+    call = ("toolu_r7", "refund", {"order_id": "123"})
+    if streaming:
+        first = Reply(
+            events=anthropic_stream(
+                "", [(call[0], call[1], json.dumps(call[2]))], thinking=thinking, cache=(0, 80)
+            )
+        )
+    else:
+        first = Reply(json=anthropic_message(None, [call], thinking=thinking, cache=(0, 80)))
+    server.reply(
+        first,
+        Reply(json=anthropic_message("Order 123 is refunded.", usage=(50, 6), cache=(80, 0))),
+    )
+    options = {"thinking": THINKING}
+    async with make(server, prompt_caching=True) as model:
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        agent = Agent("support", "Ask for approval before refunds.", model, (REFUND,))
+        # The options (thinking on) are saved in the checkpoint and used again on resume.
+        result, events = await first_turn(runtime, agent, options, streaming=streaming)
+    assert result.status == "interrupted"
+    assert result.interruption is not None
+    assert result.checkpoint_id is not None
+    if streaming:
+        assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == (
+            "A refund needs approval; call the tool."
+        )
+    store = runtime.checkpoint_store
+    assert store is not None
+    saved = json.dumps(unstructure_checkpoint(await store.load(result.checkpoint_id)))
+    assert "sig-R7a==" in saved
+
+    fresh_store = InMemoryCheckpointStore()
+    await fresh_store.save(structure_checkpoint(json.loads(saved)))
+    async with make(server, prompt_caching=True) as fresh_model:
+        fresh_agent = Agent("support", "Ask for approval before refunds.", fresh_model, (REFUND,))
+        resumed = await Runtime(checkpoint_store=fresh_store).resume(
+            fresh_agent,
+            checkpoint_id=result.checkpoint_id,
+            response=HumanResponse(request_id=result.interruption.id, action="approve"),
+        )
+    assert resumed.status == "completed"
+    assert resumed.output == "Order 123 is refunded."
+    input_first = 21 + 80
+    assert resumed.usage == Usage(
+        input_first + 50 + 80, 9 + 6, 2, cache_read_tokens=80, cache_write_tokens=80
+    )
+    second = server.bodies[1]
+    assert second["thinking"] == THINKING
+    assert second["messages"][-2] == {
+        "role": "assistant",
+        "content": [
+            {
+                "type": "thinking",
+                "thinking": "A refund needs approval; call the tool.",
+                "signature": "sig-R7a==",
+            },
+            {"type": "tool_use", "id": "toolu_r7", "name": "refund", "input": {"order_id": "123"}},
+        ],
+    }
+    assert second["messages"][-1] == {
         "role": "user",
         "content": [
             {"type": "tool_result", "tool_use_id": "toolu_r7", "content": "Refunded order 123."}

@@ -5,16 +5,37 @@ from __future__ import annotations
 import importlib
 import random
 import sys
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
+from typing import Any
 
+import anyio.lowlevel
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import runlet.providers
-from runlet import ConfigurationError, Message, ModelError, ModelRequest
-from runlet.providers._http import RetryPolicy, ServerSentEvent, SSEDecoder, parse_retry_after
+from runlet import (
+    ConfigurationError,
+    Message,
+    ModelAPIError,
+    ModelConnectionError,
+    ModelError,
+    ModelRequest,
+    ModelResponseError,
+)
+from runlet.providers import RetryPolicy
+from runlet.providers._http import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    HTTPModel,
+    ServerSentEvent,
+    SSEDecoder,
+    parse_retry_after,
+    sentence,
+)
 from runlet.providers.anthropic import AnthropicModel
 from runlet.providers.openai import OpenAIChatModel
 
@@ -119,8 +140,98 @@ class TestRetryPolicy:
         with pytest.raises(ConfigurationError, match="deadline"):
             AnthropicModel("m", api_key="k", retry_deadline=-1)
 
+    def test_the_cap_doubles_until_max_delay(self) -> None:
+        policy = RetryPolicy(base_delay=0.5, max_delay=4.0)
+        caps = [policy.delay(retry, None, Highest()) for retry in range(7)]
+        assert caps == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+
+    def test_the_draw_starts_at_zero(self) -> None:
+        assert RetryPolicy().delay(5, None, Lowest()) == 0.0
+
+    def test_is_public_and_keyword_only(self) -> None:
+        assert RetryPolicy.__module__ == "runlet.providers"
+        assert RetryPolicy() == RetryPolicy(
+            max_retries=3, base_delay=0.5, max_delay=8.0, deadline=60.0
+        )
+        with pytest.raises(TypeError):
+            RetryPolicy(3)  # type: ignore[call-arg]
+
+
+class Highest(random.Random):
+    """Always draws the top of the range: the backoff cap itself."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+class Lowest(random.Random):
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+class TestRetryPolicyInAdapters:
+    @pytest.mark.parametrize("adapter", [OpenAIChatModel, AnthropicModel])
+    def test_taken_as_retry(self, adapter: Callable[..., HTTPModel]) -> None:
+        policy = RetryPolicy(max_retries=7, deadline=300.0)
+        assert adapter("m", retry=policy).retry is policy
+
+    @pytest.mark.parametrize("adapter", [OpenAIChatModel, AnthropicModel])
+    def test_the_keywords_still_work(self, adapter: Callable[..., HTTPModel]) -> None:
+        model = adapter("m", max_retries=1, retry_base_delay=2, retry_max_delay=3, retry_deadline=4)
+        assert model.retry == RetryPolicy(max_retries=1, base_delay=2, max_delay=3, deadline=4)
+        assert adapter("m").retry == RetryPolicy()
+        assert adapter("m", retry_deadline=9).retry == RetryPolicy(deadline=9)
+
+    @pytest.mark.parametrize("adapter", [OpenAIChatModel, AnthropicModel])
+    def test_not_both(self, adapter: Callable[..., HTTPModel]) -> None:
+        with pytest.raises(ConfigurationError, match="max_retries, retry_deadline, not both"):
+            adapter("m", retry=RetryPolicy(), max_retries=1, retry_deadline=5)
+
+    def test_not_something_else(self) -> None:
+        with pytest.raises(ConfigurationError, match="RetryPolicy, not dict"):
+            OpenAIChatModel("m", retry={"max_retries": 1})  # type: ignore[arg-type]
+
 
 class TestAdapters:
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("adapter", [OpenAIChatModel, AnthropicModel])
+    async def test_connecting_waits_briefly_answers_long(
+        self, adapter: Callable[..., HTTPModel]
+    ) -> None:
+        async with adapter("m") as model:
+            timeout = model._client().timeout
+        assert (timeout.connect, timeout.read, timeout.write, timeout.pool) == (
+            DEFAULT_CONNECT_TIMEOUT,
+            DEFAULT_TIMEOUT,
+            DEFAULT_TIMEOUT,
+            DEFAULT_TIMEOUT,
+        )
+        assert DEFAULT_CONNECT_TIMEOUT <= 30 < DEFAULT_TIMEOUT
+
+    @pytest.mark.anyio
+    async def test_timeouts_are_configurable(self) -> None:
+        async with OpenAIChatModel("m", timeout=None, connect_timeout=2.5) as model:
+            timeout = model._client().timeout
+        assert (timeout.connect, timeout.read) == (2.5, None)
+
+    @pytest.mark.parametrize("bad", [0, -1, "5", True, float("nan")])
+    def test_bad_timeouts(self, bad: Any) -> None:
+        with pytest.raises(ConfigurationError, match="connect_timeout"):
+            OpenAIChatModel("m", connect_timeout=bad)
+        with pytest.raises(ConfigurationError, match="timeout"):
+            AnthropicModel("m", timeout=bad)
+
+    @pytest.mark.anyio
+    async def test_tool_message_without_result_says_the_same_everywhere(self) -> None:
+        request = ModelRequest("", (Message("tool", "x"),), (), {})
+        errors = []
+        for adapter in (OpenAIChatModel, AnthropicModel):
+            async with adapter("m", api_key="k", base_url="http://127.0.0.1:9") as model:
+                with pytest.raises(ModelError, match=r"Message\.tool") as info:
+                    await model.complete(request)
+                errors.append(str(info.value))
+        assert errors[0] == errors[1]
+
     def test_empty_model_name(self) -> None:
         with pytest.raises(ConfigurationError, match="model"):
             OpenAIChatModel("")
@@ -144,7 +255,7 @@ class TestAdapters:
 
 
 def test_providers_package_is_light() -> None:
-    assert runlet.providers.__all__ == ["anthropic", "openai"]
+    assert runlet.providers.__all__ == ["RetryPolicy", "anthropic", "openai"]
     assert runlet.providers.__doc__
 
 
@@ -158,3 +269,342 @@ def test_import_without_httpx_says_what_to_install(
     monkeypatch.setitem(sys.modules, "httpx", None)
     with pytest.raises(ImportError, match=r'pip install "runlet\[http\]"'):
         importlib.import_module(module)
+
+
+# -- the retry loop, on a fake clock ---------------------------------------------------------
+
+
+class FakeTime:
+    """A clock that only moves when the retry loop sleeps, or when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.sleeps.append(delay)
+        self.now += delay
+        await anyio.lowlevel.checkpoint()
+
+
+class Calls:
+    """A mock transport's handler that answers from a list and counts the requests."""
+
+    def __init__(self, *answers: Callable[[], httpx.Response]) -> None:
+        self.answers = list(answers)
+        self.count = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.count += 1
+        answer = self.answers[min(self.count, len(self.answers)) - 1]
+        return answer()
+
+
+def status(code: int, **headers: str) -> Callable[[], httpx.Response]:
+    return lambda: httpx.Response(
+        code, json={"error": {"message": f"status {code}"}}, headers=headers
+    )
+
+
+def success() -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]},
+    )
+
+
+REQUEST = ModelRequest("", (Message.user("Hi"),), (), {})
+
+
+async def drain(model: HTTPModel) -> list[Any]:
+    async with model.stream(REQUEST) as items:
+        return [item async for item in items]
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+class Harness:
+    def __init__(self, fake_time: FakeTime) -> None:
+        self.time = fake_time
+
+    def model(self, client: httpx.AsyncClient, **kwargs: Any) -> OpenAIChatModel:
+        model = OpenAIChatModel("m", base_url="http://api.test/v1", http_client=client, **kwargs)
+        model._clock = self.time.clock
+        model._sleep = self.time.sleep
+        return model
+
+
+@pytest.fixture
+def harness(fake_time: FakeTime) -> Harness:
+    return Harness(fake_time)
+
+
+@pytest.mark.anyio
+class TestRetryLoop:
+    async def test_the_deadline_counts_time_spent_waiting_on_the_server(
+        self, harness: Harness
+    ) -> None:
+        def slow_503() -> httpx.Response:
+            harness.time.now += 5.0  # the server took 5 s to answer
+            return status(503, **{"retry-after": "1"})()
+
+        calls = Calls(slow_503)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            model = harness.model(client, retry=RetryPolicy(max_retries=5, deadline=10.0))
+            with pytest.raises(ModelAPIError, match="after 2 attempts"):
+                await model.complete(REQUEST)
+        # 0 s: first attempt, answered at 5 s; 6 s: second attempt, answered at 11 s,
+        # and another wait would end past the 10 s deadline.
+        assert calls.count == 2
+        assert harness.time.sleeps == [1.0]
+
+    async def test_a_wait_may_end_exactly_at_the_deadline(self, harness: Harness) -> None:
+        calls = Calls(status(429, **{"retry-after": "5"}))
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            model = harness.model(client, retry=RetryPolicy(max_retries=5, deadline=10.0))
+            with pytest.raises(ModelAPIError, match="after 3 attempts") as info:
+                await model.complete(REQUEST)
+        assert info.value.status_code == 429
+        assert harness.time.sleeps == [5.0, 5.0]
+        assert calls.count == 3
+
+    async def test_backoff_keeps_growing_to_its_cap(self, harness: Harness) -> None:
+        calls = Calls(status(503))
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            policy = RetryPolicy(max_retries=6, base_delay=0.5, max_delay=4.0, deadline=1e6)
+            model = harness.model(client, retry=policy)
+            model._rng = Highest()
+            with pytest.raises(ModelAPIError, match="after 7 attempts"):
+                await model.complete(REQUEST)
+        assert harness.time.sleeps == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+        assert calls.count == 7
+
+    async def test_max_retries_bounds_the_attempts(self, harness: Harness) -> None:
+        calls = Calls(status(500))
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            model = harness.model(client, retry=RetryPolicy(max_retries=2, deadline=1e6))
+            with pytest.raises(ModelAPIError):
+                await model.complete(REQUEST)
+        assert calls.count == 3
+        assert len(harness.time.sleeps) == 2
+
+    @pytest.mark.parametrize("code", [408, 409, 429, 500, 502, 503, 504, 529])
+    async def test_transient_statuses_are_retried(self, harness: Harness, code: int) -> None:
+        calls = Calls(status(code), success)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            response = await harness.model(client).complete(REQUEST)
+        assert response.message.content == "ok"
+        assert calls.count == 2
+
+    @pytest.mark.parametrize("code", [400, 401, 403, 404, 413, 422])
+    async def test_other_statuses_are_not(self, harness: Harness, code: int) -> None:
+        calls = Calls(status(code), success)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            with pytest.raises(ModelAPIError) as info:
+                await harness.model(client).complete(REQUEST)
+        assert info.value.status_code == code
+        assert calls.count == 1
+        assert harness.time.sleeps == []
+
+    @pytest.mark.parametrize("streaming", [False, True])
+    async def test_an_error_response_is_closed_even_when_its_body_breaks(
+        self, harness: Harness, streaming: bool
+    ) -> None:
+        bodies: list[BrokenBody] = []
+
+        def broken_500() -> httpx.Response:
+            bodies.append(BrokenBody())
+            return httpx.Response(500, stream=bodies[-1])
+
+        calls = Calls(broken_500)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            model = harness.model(client, retry=RetryPolicy(max_retries=1))
+            with pytest.raises(ModelConnectionError, match="ReadError"):
+                await (drain(model) if streaming else model.complete(REQUEST))
+        assert calls.count == 2
+        assert [body.closed for body in bodies] == [True, True]
+
+    async def test_an_undecodable_answer_is_not_retried(self, harness: Harness) -> None:
+        def garbled() -> httpx.Response:
+            return httpx.Response(
+                200, content=b"this is not gzip", headers={"content-encoding": "gzip"}
+            )
+
+        calls = Calls(garbled)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            with pytest.raises(ModelResponseError, match="could not be decoded"):
+                await harness.model(client).complete(REQUEST)
+        assert calls.count == 1
+        assert harness.time.sleeps == []
+
+    # When decoding fails, httpx drops its raw-bytes iterator while it is suspended;
+    # trio reports that iterator when it is collected. Nothing of Runlet's is left open.
+    @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+    async def test_an_undecodable_stream_is_a_response_error(self, harness: Harness) -> None:
+        def garbled_stream() -> httpx.Response:
+            headers = {"content-encoding": "gzip", "content-type": "text/event-stream"}
+            return httpx.Response(200, stream=Body(b"this is not gzip"), headers=headers)
+
+        calls = Calls(garbled_stream)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            with pytest.raises(ModelResponseError, match="could not be decoded"):
+                await drain(harness.model(client))
+        assert calls.count == 1
+
+    async def test_a_non_stream_whose_body_breaks_is_still_refused(self, harness: Harness) -> None:
+        def broken_json() -> httpx.Response:
+            headers = {"content-type": "application/json"}
+            return httpx.Response(200, stream=BrokenBody(), headers=headers)
+
+        calls = Calls(broken_json)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(calls)) as client:
+            with pytest.raises(ModelResponseError, match="does not stream"):
+                await drain(harness.model(client))
+        assert calls.count == 1
+
+    async def test_too_many_redirects_is_not_retried(self, harness: Harness) -> None:
+        calls = Calls(lambda: httpx.Response(307, headers={"location": "http://api.test/v1/x"}))
+        transport = httpx.MockTransport(calls)
+        async with httpx.AsyncClient(
+            transport=transport, follow_redirects=True, max_redirects=2
+        ) as client:
+            with pytest.raises(ModelError, match="TooManyRedirects") as info:
+                await harness.model(client).complete(REQUEST)
+        assert type(info.value) is ModelError
+        assert "not retried" in str(info.value)
+        assert calls.count == 3  # the request and two redirects, once
+        assert harness.time.sleeps == []
+
+    async def test_a_transport_error_is_retried(self, harness: Harness) -> None:
+        def refuse(request: httpx.Request) -> httpx.Response:
+            raise httpx.ConnectError("refused", request=request)
+
+        refused: list[int] = []
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            refused.append(1)
+            if len(refused) == 1:
+                return refuse(request)
+            return success()
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            response = await harness.model(client).complete(REQUEST)
+        assert response.message.content == "ok"
+        assert len(refused) == 2
+        assert len(harness.time.sleeps) == 1
+
+
+class Body(httpx.AsyncByteStream):
+    """A body the mock transport streams rather than reads ahead."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+class BrokenBody(httpx.AsyncByteStream):
+    """An error body whose connection breaks halfway; records whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"error": {"mess'
+        raise httpx.ReadError("connection reset while reading the error body")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+# -- error messages ---------------------------------------------------------------------------
+
+
+class TestErrorMessages:
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [("bad key", "bad key."), ("Done.", "Done."), ("why?", "why?"), ("  x \n", "x.")],
+    )
+    def test_sentence(self, text: str, expected: str) -> None:
+        assert sentence(text) == expected
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize(
+        ("answers", "expected"),
+        [
+            (
+                [status(401)],
+                "The OpenAI Chat Completions API answered 401 Unauthorized: status 401. "
+                "Check the API key and that it may use this model.",
+            ),
+            (
+                [status(404)],
+                "The OpenAI Chat Completions API answered 404 Not Found: status 404. "
+                "Check base_url and the model name.",
+            ),
+            (
+                [status(422)],
+                "The OpenAI Chat Completions API answered 422 Unprocessable Entity: status 422.",
+            ),
+            (
+                [status(503)],
+                "The OpenAI Chat Completions API answered 503 Service Unavailable after 2 "
+                "attempts: status 503. This is usually temporary: try again later.",
+            ),
+            (
+                [lambda: httpx.Response(500, content=b"")],
+                "The OpenAI Chat Completions API answered 500 Internal Server Error after 2 "
+                "attempts: Internal Server Error. This is usually temporary: try again later.",
+            ),
+        ],
+    )
+    async def test_api_errors_read_as_sentences(
+        self, harness: Harness, answers: list[Callable[[], httpx.Response]], expected: str
+    ) -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(Calls(*answers))) as client:
+            with pytest.raises(ModelAPIError) as info:
+                await harness.model(client, max_retries=1).complete(REQUEST)
+        assert str(info.value) == expected
+
+    @pytest.mark.anyio
+    async def test_connection_errors_read_as_sentences(self, harness: Harness) -> None:
+        def refuse(request: httpx.Request) -> httpx.Response:
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+            with pytest.raises(ModelConnectionError) as info:
+                await harness.model(client, max_retries=1).complete(REQUEST)
+        assert str(info.value) == (
+            "Could not reach the OpenAI Chat Completions API at "
+            "http://api.test/v1/chat/completions after 2 attempts: ConnectError: All "
+            "connection attempts failed. Check base_url and that the server is up, then run "
+            "again."
+        )
+
+    @pytest.mark.anyio
+    async def test_cut_off_streams_read_as_sentences(self, harness: Harness) -> None:
+        class CutStream(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+                raise httpx.RemoteProtocolError("peer closed connection.")
+
+        def cut(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(
+                200, stream=CutStream(), headers={"content-type": "text/event-stream"}
+            )
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(cut)) as client:
+            with pytest.raises(ModelConnectionError) as info:
+                await drain(harness.model(client))
+        assert str(info.value) == (
+            "The OpenAI Chat Completions stream from http://api.test/v1/chat/completions was "
+            "cut off: RemoteProtocolError: peer closed connection. The partial answer was "
+            "dropped; run again."
+        )

@@ -31,6 +31,8 @@ from runlet import (
     ModelRequest,
     ModelResponse,
     ModelResponseError,
+    ReasoningDelta,
+    ReasoningPart,
     Runtime,
     StreamingModel,
     TextDelta,
@@ -623,3 +625,235 @@ async def test_human_in_the_loop_through_checkpoint_json(server: ModelServer) ->
         "tool_call_id": "call_refund_7",
         "content": "Refunded order 123.",
     }
+
+
+# -- reasoning text from compatible servers -------------------------------------------------
+
+
+class TestReasoning:
+    @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+    async def test_kept_on_the_message(self, server: ModelServer, field: str) -> None:
+        answer = openai_completion(
+            "Paris.", reasoning="France's capital is Paris.", reasoning_field=field
+        )
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask("Capital of France?"))
+        assert response.message == Message.assistant(
+            "Paris.", reasoning=[ReasoningPart("France's capital is Paris.", provider="openai")]
+        )
+
+    async def test_both_fields_filled_count_once(self, server: ModelServer) -> None:
+        answer = openai_completion("Paris.", reasoning="Think.")
+        answer["choices"][0]["message"]["reasoning"] = "Think."
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.reasoning == (ReasoningPart("Think.", provider="openai"),)
+
+    async def test_none_without_reasoning(self, server: ModelServer) -> None:
+        answer = openai_completion("Paris.", reasoning=None)
+        answer["choices"][0]["message"]["reasoning_content"] = None
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.reasoning == ()
+
+    @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+    async def test_streamed_as_reasoning_deltas(self, server: ModelServer, field: str) -> None:
+        events = openai_stream("Paris.", reasoning="France's capital...", reasoning_field=field)
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        *deltas, final = items
+        reasoning = [item for item in deltas if isinstance(item, ReasoningDelta)]
+        assert len(reasoning) > 1
+        assert "".join(item.text for item in reasoning) == "France's capital..."
+        assert "".join(item.text for item in deltas if isinstance(item, TextDelta)) == "Paris."
+        assert final.message.reasoning == (ReasoningPart("France's capital...", provider="openai"),)
+
+    async def test_never_sent_back(self, server: ModelServer) -> None:
+        # The server's checker refuses any key but role, content and tool_calls in an
+        # assistant message, as DeepSeek refuses reasoning_content.
+        server.reply(Reply(json=openai_completion("ok")))
+        call = ToolCall("c1", "weather", {"city": "Oslo"})
+        reasoning = [
+            ReasoningPart("mine", provider="openai"),
+            ReasoningPart("Claude's", signature="sig", provider="anthropic"),
+            ReasoningPart(redacted_data="E==", provider="anthropic"),
+        ]
+        transcript = (
+            Message.user("Weather?"),
+            Message.assistant("Checking.", [call], reasoning=reasoning),
+            Message.tool(ToolResult("c1", "Sunny")),
+        )
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        assert server.bodies[0]["messages"][1] == {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        }
+
+
+# -- cached prompt tokens -------------------------------------------------------------------
+
+
+class TestCachedTokens:
+    async def test_prompt_tokens_details(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("ok", usage=(2006, 300), cached=1920)))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.usage == Usage(2006, 300, 1, cache_read_tokens=1920)
+
+    async def test_deepseek_cache_hit_tokens(self, server: ModelServer) -> None:
+        answer = openai_completion("ok", usage=(100, 5))
+        answer["usage"] |= {"prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 36}
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.usage == Usage(100, 5, 1, cache_read_tokens=64)
+
+    async def test_streamed(self, server: ModelServer) -> None:
+        events = (*openai_stream("ok")[:-2], openai_usage_chunk(500, 3, cached=384), OPENAI_DONE)
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].usage == Usage(500, 3, 1, cache_read_tokens=384)
+
+    async def test_odd_counts_are_zero(self, server: ModelServer) -> None:
+        answer = openai_completion("ok")
+        answer["usage"] = {
+            "prompt_tokens": None,
+            "completion_tokens": "7",
+            "prompt_tokens_details": {"cached_tokens": -1},
+        }
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.usage == Usage(requests=1)
+
+
+# -- errors inside a stream ----------------------------------------------------------------
+
+
+class TestInStreamErrors:
+    @pytest.mark.parametrize(
+        ("error", "status"),
+        [
+            ({"message": "Server overloaded", "type": "server_error", "code": None}, 500),
+            ({"message": "Slow down", "type": "requests", "code": "rate_limit_exceeded"}, 429),
+            ({"message": "Too long", "type": "invalid_request_error", "code": None}, 400),
+            ({"message": "No quota", "type": "insufficient_quota"}, 429),
+            ({"message": "Bad key", "code": "invalid_api_key"}, 401),
+            ({"message": "vLLM says no", "type": "BadRequestError", "code": 400}, 400),
+            ({"message": "Busy", "code": 503}, 503),
+            ({"message": "Unknown", "type": "mystery_error"}, 500),
+        ],
+    )
+    async def test_the_status_openai_would_answer(
+        self, server: ModelServer, error: dict[str, Any], status: int
+    ) -> None:
+        events = (openai_chunk({"content": "Hi"}), sse({"error": error}))
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=error["message"]) as streamed:
+                await collect(model, ask())
+        assert streamed.value.status_code == status
+        assert streamed.value.body == error["message"]
+        assert len(server.requests) == 1  # the stream had opened: never retried
+
+    async def test_same_error_as_the_http_answer(self, server: ModelServer) -> None:
+        error = {"error": {"message": "Rate limit reached", "type": "requests"}}
+        server.reply(Reply(429, error), Reply(events=(sse(error),)))
+        async with make(server, max_retries=0) as model:
+            with pytest.raises(ModelAPIError) as answered:
+                await model.complete(ask())
+            with pytest.raises(ModelAPIError) as streamed:
+                await collect(model, ask())
+        assert streamed.value.status_code == answered.value.status_code == 429
+        assert streamed.value.body == answered.value.body == "Rate limit reached"
+        assert str(streamed.value).endswith("This is usually temporary: try again later.")
+
+    async def test_error_that_is_not_an_object(self, server: ModelServer) -> None:
+        server.reply(Reply(events=(sse({"error": ["odd"]}),)))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=r'\["odd"\]') as info:
+                await collect(model, ask())
+        assert info.value.status_code == 500
+
+
+class TestServerThatDoesNotStream:
+    async def test_a_plain_answer_is_refused_with_a_reason(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("Not streamed.")))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="does not stream") as info:
+                await collect(model, ask())
+        assert "application/json, not text/event-stream" in str(info.value)
+
+    async def test_no_content_type(self, server: ModelServer) -> None:
+        server.reply(Reply(raw=b"", headers={"content-type": ""}))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="no content type"):
+                await collect(model, ask())
+
+    async def test_an_error_body_is_the_api_error(self, server: ModelServer) -> None:
+        server.reply(Reply(json={"error": {"message": "model not loaded", "code": 503}}))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="model not loaded") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 503
+
+    async def test_event_stream_with_parameters_is_a_stream(self, server: ModelServer) -> None:
+        # Content types are compared without their parameters and case.
+        content_type = {"content-type": "Text/Event-Stream; charset=utf-8"}
+        server.reply(Reply(events=openai_stream("ok"), headers=content_type))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].message.content == "ok"
+
+
+async def test_reasoning_and_cached_tokens_through_checkpoint_json(server: ModelServer) -> None:
+    server.reply(
+        Reply(
+            json=openai_completion(
+                None,
+                [("call_refund_7", "refund", '{"order_id": "123"}')],
+                usage=(1200, 30),
+                cached=1024,
+                reasoning="Refunds need approval.",
+            )
+        ),
+        Reply(json=openai_completion("Order 123 is refunded.", usage=(1300, 6), cached=1152)),
+    )
+    async with make(server) as model:
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        agent = Agent("support", "Ask for approval before refunds.", model, (REFUND,))
+        result = await runtime.run(agent, "Refund order 123.")
+    assert result.interruption is not None
+    assert result.checkpoint_id is not None
+    store = runtime.checkpoint_store
+    assert store is not None
+    saved = json.dumps(unstructure_checkpoint(await store.load(result.checkpoint_id)))
+    fresh_store = InMemoryCheckpointStore()
+    checkpoint = structure_checkpoint(json.loads(saved))
+    assert checkpoint.transcript[-1].reasoning == (
+        ReasoningPart("Refunds need approval.", provider="openai"),
+    )
+    await fresh_store.save(checkpoint)
+    async with make(server) as fresh_model:
+        fresh_agent = Agent("support", "Ask for approval before refunds.", fresh_model, (REFUND,))
+        resumed = await Runtime(checkpoint_store=fresh_store).resume(
+            fresh_agent,
+            checkpoint_id=result.checkpoint_id,
+            response=HumanResponse(request_id=result.interruption.id, action="approve"),
+        )
+    assert resumed.output == "Order 123 is refunded."
+    assert resumed.usage == Usage(2500, 36, 2, cache_read_tokens=2176)
+    assert "reasoning" not in json.dumps(server.bodies[1]["messages"])

@@ -7,9 +7,14 @@ no optional dependency; import the adapter you use::
                                                             # OpenAI-compatible server
     from runlet.providers.anthropic import AnthropicModel   # the Anthropic Messages API
 
-The adapters need ``httpx``: install it with ``pip install "runlet[http]"``.
+The adapters need ``httpx``: install it with ``pip install "runlet[http]"``. What they
+share, :class:`RetryPolicy`, is importable from here without it.
 """
 
 from __future__ import annotations
 
-__all__ = ["anthropic", "openai"]
+from ._retry import RetryPolicy as RetryPolicy
+
+__all__ = ["RetryPolicy", "anthropic", "openai"]
+
+RetryPolicy.__module__ = __name__

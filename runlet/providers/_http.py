@@ -13,7 +13,7 @@ import email.utils
 import json
 import math
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
 from types import TracebackType
@@ -36,24 +36,37 @@ from .._errors import (
     ModelError,
     ModelResponseError,
 )
+from .._messages import Message, ToolResult
 from .._model import ModelRequest, ModelResponse, ModelStreamItem
+from ._retry import RetryPolicy
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "HTTPModel",
     "RetryPolicy",
     "ServerSentEvent",
     "SSEDecoder",
     "StreamAssembler",
+    "api_error",
     "parse_arguments",
     "parse_json",
     "parse_retry_after",
     "reading",
+    "sentence",
+    "should_retry",
+    "tool_result",
 ]
 
 DEFAULT_TIMEOUT = 600.0
-"""Seconds a client the adapter creates waits for the server (per connect, read, write).
-Model answers can take minutes, so httpx's own 5-second default would be too short."""
+"""Seconds a client the adapter creates waits for the server to read, write or hand out
+a pooled connection. Model answers can take minutes, so httpx's own 5-second default
+would be too short."""
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds a client the adapter creates waits to open a connection. A server that does
+not accept one within seconds is down or unreachable; waiting as long as for an answer
+would only delay the retry."""
 
 # 408 and 409 are transient by nature (the server timed out, or lost a race); 429 asks
 # us to slow down; any 5xx (including Anthropic's 529 "overloaded") is the server's fault.
@@ -64,48 +77,6 @@ _TAIL_SECONDS = 1.0
 
 # How much of an unparseable error body goes into an exception message.
 _SNIPPET = 500
-
-
-@attrs.frozen
-class RetryPolicy:
-    """When and how long to wait before trying a failed request again.
-
-    Attributes:
-        max_retries: Retries after the first attempt (0 turns retrying off).
-        base_delay: Seconds; the backoff cap doubles from here with every retry.
-        max_delay: Seconds; the backoff cap never exceeds this.
-        deadline: Seconds from the first attempt after which no retry starts; a wait
-            that would end past it is not begun, and the last error is raised at once.
-    """
-
-    max_retries: int = 3
-    base_delay: float = 0.5
-    max_delay: float = 8.0
-    deadline: float = 60.0
-
-    def __attrs_post_init__(self) -> None:
-        if type(self.max_retries) is not int or self.max_retries < 0:
-            raise ConfigurationError(
-                f"max_retries must be an int of 0 or more, not {self.max_retries!r}."
-            )
-        for name in ("base_delay", "max_delay", "deadline"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigurationError(
-                    f"{name} must be a number of seconds (0 or more), not {value!r}."
-                )
-
-    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float:
-        """Seconds to wait before retry number *retry* (0 for the first retry).
-
-        A server's ``Retry-After`` wins: it knows when it will take requests again, and
-        retrying sooner only earns another 429. Otherwise "full jitter": a uniform draw
-        below an exponentially growing cap, so clients that failed together spread out.
-        """
-        if retry_after is not None:
-            return retry_after
-        cap = min(self.max_delay, self.base_delay * 2.0**retry)
-        return rng.uniform(0.0, cap)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -243,7 +214,8 @@ def parse_json(text: str, api: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise ModelResponseError(
-            f"The {api} answer is not valid JSON ({exc}): {text[:_SNIPPET]!r}"
+            f"The {api} answer is not valid JSON ({exc}): {text[:_SNIPPET]!r}. Check that "
+            f"the server really implements the {api} API."
         ) from exc
 
 
@@ -263,12 +235,14 @@ def parse_arguments(text: str, tool_name: str, api: str) -> dict[str, Any]:
     except ValueError as exc:
         raise ModelResponseError(
             f"The {api} model called tool {tool_name!r} with arguments that are not valid "
-            f"JSON ({exc}): {text[:_SNIPPET]!r}"
+            f"JSON ({exc}): {text[:_SNIPPET]!r}. Run again; if it keeps happening, describe "
+            "the tool's arguments more plainly."
         ) from exc
     if not isinstance(arguments, dict):
         raise ModelResponseError(
             f"The {api} model called tool {tool_name!r} with arguments that are a JSON "
-            f"{type(arguments).__name__}, not an object: {text[:_SNIPPET]!r}"
+            f"{type(arguments).__name__}, not an object: {text[:_SNIPPET]!r}. Give the tool "
+            "an input schema of type object."
         )
     return arguments
 
@@ -292,23 +266,70 @@ def _error_message(response: httpx.Response) -> str:
         for candidate in (error, data.get("message"), data.get("detail")):
             if isinstance(candidate, str) and candidate:
                 return candidate
-    return text.strip()[:_SNIPPET] or response.reason_phrase
+    return text.strip()[:_SNIPPET] or response.reason_phrase or "no details"
 
 
-def _api_error(response: httpx.Response, api: str, attempts: int) -> ModelAPIError:
-    status = response.status_code
-    message = _error_message(response)
-    text = f"The {api} API answered {status} {response.reason_phrase}: {message}"
+def sentence(text: str) -> str:
+    """*text* as a sentence: stripped, ending in a full stop unless it already ends in
+    one (or in a question or exclamation mark)."""
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _hint(status: int) -> str:
     if status in (401, 403):
-        text += " Check the API key and that it may use this model."
-    elif status == 404:
-        text += " Check base_url and the model name."
-    if attempts > 1:
-        text += f" (still failing after {attempts} attempts)"
+        return " Check the API key and that it may use this model."
+    if status == 404:
+        return " Check base_url and the model name."
+    if should_retry(status):
+        return " This is usually temporary: try again later."
+    return ""
+
+
+def api_error(
+    api: str, what: str, status: int, message: str, *, attempts: int = 1
+) -> ModelAPIError:
+    """The :class:`~runlet.ModelAPIError` for an error the API reported.
+
+    Args:
+        api: The API's name.
+        what: How it reported it, e.g. ``"answered 429 Too Many Requests"``.
+        status: The HTTP status, or the one the error's type stands for.
+        message: The API's own words.
+        attempts: How many attempts failed.
+    """
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    text = f"The {api} API {what}{tries}: {sentence(message)}{_hint(status)}"
     return ModelAPIError(text, status_code=status, body=message)
 
 
-def _should_retry(status: int) -> bool:
+def _response_error(response: httpx.Response, api: str, attempts: int) -> ModelAPIError:
+    status = response.status_code
+    return api_error(
+        api,
+        f"answered {status} {response.reason_phrase}".rstrip(),
+        status,
+        _error_message(response),
+        attempts=attempts,
+    )
+
+
+def tool_result(message: Message) -> ToolResult:
+    """The result a tool message carries.
+
+    Raises:
+        ModelError: The message has none, so the API could not tell which call it answers.
+    """
+    if message.tool_result is None:
+        raise ModelError(
+            "A tool message without a tool_result cannot be sent: the API needs the id "
+            "of the call it answers. Build tool messages with Message.tool(ToolResult(...))."
+        )
+    return message.tool_result
+
+
+def should_retry(status: int) -> bool:
+    """Whether an answer with this HTTP status may succeed if sent again."""
     return status >= 500 or status in _RETRY_4XX
 
 
@@ -366,24 +387,48 @@ class HTTPModel:
         headers: Mapping[str, str],
         http_client: httpx.AsyncClient | None,
         timeout: float | None,
+        connect_timeout: float | None,
         retry: RetryPolicy,
         extra_body: Mapping[str, Any] | None,
     ) -> None:
         if not model:
             raise ConfigurationError(f"model must be a non-empty model name, not {model!r}.")
+        given: tuple[tuple[str, object], ...] = (
+            ("timeout", timeout),
+            ("connect_timeout", connect_timeout),
+        )
+        for name, seconds in given:
+            if seconds is not None and (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, (int, float))
+                or not seconds > 0
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a positive number of seconds or None (no limit), "
+                    f"not {seconds!r}."
+                )
         self.model = model
         self._url = url
         self._headers = {"content-type": "application/json", **headers}
         self._given_client = http_client
         self._own_client: httpx.AsyncClient | None = None
-        self._timeout = timeout
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._retry = retry
         self._extra_body = dict(extra_body or {})
         self._rng = random.Random()
+        # The clock and the sleep of the retry loop; tests replace them to run a
+        # backoff schedule without waiting for it.
+        self._clock: Callable[[], float] = anyio.current_time
+        self._sleep: Callable[[float], Awaitable[None]] = anyio.sleep
 
     def __repr__(self) -> str:
         # Never the key: reprs end up in logs.
         return f"{type(self).__name__}(model={self.model!r}, url={self._url!r})"
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The :class:`~runlet.providers.RetryPolicy` this adapter follows."""
+        return self._retry
 
     # -- client ownership ---------------------------------------------------------------
 
@@ -394,7 +439,7 @@ class HTTPModel:
             # Created on first use, inside the event loop that will use it, so a model
             # built at import time holds no sockets; after aclose() the next request
             # starts a fresh client.
-            self._own_client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout))
+            self._own_client = httpx.AsyncClient(timeout=self._timeout)
         return self._own_client
 
     async def aclose(self) -> None:
@@ -426,6 +471,10 @@ class HTTPModel:
     def _assembler(self) -> StreamAssembler:
         raise NotImplementedError
 
+    def _error_in(self, data: Any) -> ModelAPIError | None:
+        """The API error a successful (2xx) JSON body reports, if it reports one."""
+        return None
+
     # -- the model protocol -------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -446,23 +495,53 @@ class HTTPModel:
         """Stream the answer to *request*: use as ``async with model.stream(request) as
         items: async for item in items: ...``.
 
-        The items are :class:`~runlet.TextDelta` and :class:`~runlet.ToolCallDelta`
-        pieces as they arrive, then one complete :class:`~runlet.ModelResponse` with the
-        usage. Opening the stream is retried like :meth:`complete`; once items have
-        been handed out, a failure is raised rather than retried, since a retry would
-        repeat them. Leaving the block closes the connection.
+        The items are :class:`~runlet.TextDelta`, :class:`~runlet.ReasoningDelta` and
+        :class:`~runlet.ToolCallDelta` pieces as they arrive, then one complete
+        :class:`~runlet.ModelResponse` with the usage. Opening the stream is retried
+        like :meth:`complete`; once items have been handed out, a failure is raised
+        rather than retried, since a retry would repeat them. Leaving the block closes
+        the connection.
 
         Raises:
             ModelAPIError: As for :meth:`complete`, or an error event in the stream.
             ModelConnectionError: As for :meth:`complete`, or the stream was cut off.
-            ModelResponseError: As for :meth:`complete`, or the stream ended early.
+            ModelResponseError: As for :meth:`complete`, the stream ended early, or the
+                server answered without streaming (not ``text/event-stream``).
         """
         response = await self._send(self._encode(request, stream=True), stream=True)
         try:
+            await self._check_streaming(response)
             async with aclosing(self._items(response, self._assembler())) as items:
                 yield items
         finally:
             await response.aclose()
+
+    async def _check_streaming(self, response: httpx.Response) -> None:
+        """Refuse an answer to a streaming request that is not a stream: read as one,
+        it would only look cut short."""
+        content_type = response.headers.get("content-type", "")
+        media_type = content_type.partition(";")[0].strip().lower()
+        if media_type == "text/event-stream":
+            return
+        try:
+            await response.aread()
+        except httpx.HTTPError:
+            text = ""
+        else:
+            text = response.text
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        error = self._error_in(data)
+        if error is not None:
+            raise error
+        raise ModelResponseError(
+            f"The {self.api} server at {self._url} answered a streaming request with "
+            f"{media_type or 'no content type'}, not text/event-stream: it does not stream "
+            "(or a proxy in between buffers the stream). Use Runtime.run(), which does "
+            "not stream, with this server, or make the server stream."
+        )
 
     async def _items(
         self, response: httpx.Response, assembler: StreamAssembler
@@ -481,9 +560,12 @@ class HTTPModel:
                     break
         except httpx.TransportError as exc:
             raise ModelConnectionError(
-                f"The {self.api} stream from {self._url} was cut off: "
-                f"{type(exc).__name__}: {exc}. The partial answer was dropped; run again."
+                f"The {self.api} stream from {self._url} was cut off: {type(exc).__name__}: "
+                f"{sentence(str(exc) or 'no details')} The partial answer was dropped; "
+                "run again."
             ) from exc
+        except httpx.HTTPError as exc:
+            raise _not_retried(exc, self.api, self._url) from exc
         finally:
             await response.aclose()
             await _run_down(lines)
@@ -497,8 +579,8 @@ class HTTPModel:
             return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise ModelError(
-                f"The {self.api} request cannot be sent as JSON: {exc}. Keep the values "
-                "in options and extra_body JSON-compatible."
+                f"The {self.api} request cannot be sent as JSON: {sentence(str(exc))} Keep "
+                "the values in options and extra_body JSON-compatible."
             ) from exc
 
     async def _send(self, content: bytes, *, stream: bool) -> httpx.Response:
@@ -506,7 +588,7 @@ class HTTPModel:
         (still open when *stream*)."""
         client = self._client()
         policy = self._retry
-        started = anyio.current_time()
+        started = self._clock()
         attempt = 0
         while True:
             attempt += 1
@@ -523,21 +605,41 @@ class HTTPModel:
                 finally:
                     await response.aclose()
             except httpx.TransportError as exc:
+                tries = f" after {attempt} attempts" if attempt > 1 else ""
                 failure: ModelError = ModelConnectionError(
-                    f"Could not reach the {self.api} API at {self._url}: "
-                    f"{type(exc).__name__}: {str(exc) or 'no details'}"
-                    + (f" (after {attempt} attempts)." if attempt > 1 else ".")
+                    f"Could not reach the {self.api} API at {self._url}{tries}: "
+                    f"{type(exc).__name__}: {sentence(str(exc) or 'no details')} "
+                    "Check base_url and that the server is up, then run again."
                 )
                 failure.__cause__ = exc
+            except httpx.HTTPError as exc:
+                # Not a network failure (an undecodable body, too many redirects):
+                # sending the same request again would fail the same way.
+                raise _not_retried(exc, self.api, self._url) from exc
             else:
-                failure = _api_error(response, self.api, attempt)
-                if not _should_retry(response.status_code):
+                failure = _response_error(response, self.api, attempt)
+                if not should_retry(response.status_code):
                     raise failure
                 retry_after = parse_retry_after(response.headers)
             retry = attempt - 1
             if retry >= policy.max_retries:
                 raise failure
             delay = policy.delay(retry, retry_after, self._rng)
-            if anyio.current_time() + delay - started > policy.deadline:
+            # The deadline counts from the first attempt: time spent waiting on the
+            # server counts as much as time spent backing off.
+            if self._clock() + delay - started > policy.deadline:
                 raise failure
-            await anyio.sleep(delay)
+            await self._sleep(delay)
+
+
+def _not_retried(exc: httpx.HTTPError, api: str, url: str) -> ModelError:
+    what = f"{type(exc).__name__}: {sentence(str(exc) or 'no details')}"
+    if isinstance(exc, httpx.DecodingError):
+        return ModelResponseError(
+            f"The {api} answer from {url} could not be decoded: {what} Check that the "
+            f"server really implements the {api} API."
+        )
+    return ModelError(
+        f"The {api} request to {url} failed: {what} This is not retried; check base_url "
+        "and the HTTP client's settings."
+    )

@@ -17,24 +17,34 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._errors import ConfigurationError, ModelAPIError, ModelError, ModelResponseError
-from .._messages import Message, ToolCall, Usage
-from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
+from .._errors import ConfigurationError, ModelAPIError, ModelResponseError
+from .._messages import Message, ReasoningPart, ToolCall, Usage
+from .._model import (
+    ModelRequest,
+    ModelResponse,
+    ModelStreamItem,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 from .._tools import ToolDefinition
 from ._http import (  # raises a helpful ImportError when httpx is missing
+    DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     HTTPModel,
-    RetryPolicy,
     ServerSentEvent,
+    api_error,
     parse_arguments,
     parse_json,
     reading,
+    tool_result,
 )
+from ._retry import RetryPolicy, retry_policy
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["API_VERSION", "DEFAULT_BASE_URL", "OPTIONS", "AnthropicModel"]
+__all__ = ["API_VERSION", "DEFAULT_BASE_URL", "OPTIONS", "PROVIDER", "AnthropicModel"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 """Where :class:`AnthropicModel` sends requests unless given ``base_url``."""
@@ -49,6 +59,7 @@ OPTIONS = frozenset(
         "stop",
         "stop_sequences",
         "temperature",
+        "thinking",
         "tool_choice",
         "top_k",
         "top_p",
@@ -59,6 +70,10 @@ body. They are copied unchanged, except ``stop`` (the Chat Completions name), wh
 becomes ``stop_sequences`` (a single string becomes a one-item list). Other keys are left
 out, so one ``options`` mapping can serve several adapters; send anything else with
 ``extra_body``."""
+
+PROVIDER = "anthropic"
+"""The :attr:`~runlet.ReasoningPart.provider` of the reasoning :class:`AnthropicModel`
+keeps, and the only one it sends back."""
 
 _API = "Anthropic Messages"
 
@@ -86,6 +101,14 @@ class AnthropicModel(HTTPModel):
     done, to close the HTTP client it creates. A client passed as ``http_client`` is
     never closed by the adapter.
 
+    Extended thinking (turned on with the ``thinking`` option) is kept: ``thinking``
+    and ``redacted_thinking`` blocks become the message's
+    :attr:`~runlet.Message.reasoning` (with :attr:`~runlet.ReasoningPart.provider`
+    ``"anthropic"``), stream as :class:`~runlet.ReasoningDelta`, and go back to the API
+    unchanged, signature included, ahead of the message's text and tool calls, as the
+    API requires when thinking is combined with tool use. Reasoning from other
+    providers is left out of requests.
+
     Args:
         model: The model name, e.g. ``"claude-sonnet-4-5"``.
         api_key: The API key, sent as ``x-api-key``; defaults to the
@@ -97,19 +120,29 @@ class AnthropicModel(HTTPModel):
             the adapter creates.
         max_tokens: The most tokens an answer may have (the API requires a limit); the
             ``max_tokens`` option overrides it per run.
-        timeout: Seconds to wait on the server, for a client the adapter creates.
-        max_retries: Retries after a 408, 409, 429 or 5xx answer (529 "overloaded"
-            included) or a connection failure; 0 turns retrying off.
-        retry_base_delay: Seconds; the backoff cap starts here and doubles per retry.
-        retry_max_delay: Seconds; the backoff cap never exceeds this.
-        retry_deadline: Seconds from the first attempt after which no retry is begun.
+        timeout: Seconds to wait on the server (to read, write, or get a pooled
+            connection), for a client the adapter creates; ``None`` waits forever.
+        connect_timeout: Seconds to wait for a new connection, for a client the adapter
+            creates; ``None`` waits forever.
+        retry: When to retry a failed request; see :class:`~runlet.providers.RetryPolicy`.
+        max_retries: Instead of *retry*: its ``max_retries``.
+        retry_base_delay: Instead of *retry*: its ``base_delay``.
+        retry_max_delay: Instead of *retry*: its ``max_delay``.
+        retry_deadline: Instead of *retry*: its ``deadline``.
         anthropic_version: The ``anthropic-version`` header.
         headers: Extra HTTP headers for every request (e.g. ``anthropic-beta``).
         extra_body: Extra JSON fields for every request body; they win over options.
+        prompt_caching: Mark the system prompt and the tool definitions as cacheable
+            (a ``cache_control`` breakpoint on the system prompt and on the last tool),
+            so later requests read them from the prompt cache.
+        cache_transcript: Also mark the transcript so far (a breakpoint on the last
+            message's last block), so the next turn of the run reads it from the cache.
+        cache_ttl: How long cached content lives, as the API spells it (``"5m"``, the
+            API's default, or ``"1h"``); ``None`` leaves it to the API.
 
     Raises:
         ConfigurationError: An argument is unusable (an empty model name, a negative
-            retry setting, a *max_tokens* below 1).
+            retry setting, a *max_tokens* below 1, both *retry* and a retry keyword).
     """
 
     api = _API
@@ -123,16 +156,26 @@ class AnthropicModel(HTTPModel):
         http_client: httpx.AsyncClient | None = None,
         max_tokens: int = 4096,
         timeout: float | None = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 8.0,
-        retry_deadline: float = 60.0,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        max_retries: int | None = None,
+        retry_base_delay: float | None = None,
+        retry_max_delay: float | None = None,
+        retry_deadline: float | None = None,
         anthropic_version: str = API_VERSION,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        prompt_caching: bool = False,
+        cache_transcript: bool = False,
+        cache_ttl: str | None = None,
     ) -> None:
         if type(max_tokens) is not int or max_tokens < 1:
             raise ConfigurationError(f"max_tokens must be a positive int, not {max_tokens!r}.")
+        ttl: object = cache_ttl
+        if ttl is not None and not (isinstance(ttl, str) and ttl):
+            raise ConfigurationError(
+                f'cache_ttl must be a duration such as "5m" or "1h", or None, not {cache_ttl!r}.'
+            )
         key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
         auth = {"x-api-key": key} if key else {}
         root = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -142,10 +185,22 @@ class AnthropicModel(HTTPModel):
             headers={"anthropic-version": anthropic_version, **auth, **(headers or {})},
             http_client=http_client,
             timeout=timeout,
-            retry=RetryPolicy(max_retries, retry_base_delay, retry_max_delay, retry_deadline),
+            connect_timeout=connect_timeout,
+            retry=retry_policy(
+                retry,
+                max_retries=max_retries,
+                base_delay=retry_base_delay,
+                max_delay=retry_max_delay,
+                deadline=retry_deadline,
+            ),
             extra_body=extra_body,
         )
         self.max_tokens = max_tokens
+        self.prompt_caching = bool(prompt_caching)
+        self.cache_transcript = bool(cache_transcript)
+        self._cache_control: dict[str, str] = {"type": "ephemeral"}
+        if cache_ttl is not None:
+            self._cache_control["ttl"] = cache_ttl
         self._has_key = key is not None
 
     def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
@@ -163,9 +218,18 @@ class AnthropicModel(HTTPModel):
             "messages": messages,
         }
         if system:
-            body["system"] = system
+            body["system"] = (
+                [{"type": "text", "text": system, "cache_control": dict(self._cache_control)}]
+                if self.prompt_caching
+                else system
+            )
         if request.tools:
-            body["tools"] = [_tool(tool) for tool in request.tools]
+            tools = body["tools"] = [_tool(tool) for tool in request.tools]
+            if self.prompt_caching:
+                # A breakpoint caches everything before it: all tools, then the system.
+                tools[-1]["cache_control"] = dict(self._cache_control)
+        if self.cache_transcript:
+            self._mark_transcript(messages)
         for key, value in request.options.items():
             if key == "stop":
                 body["stop_sequences"] = [value] if isinstance(value, str) else value
@@ -175,12 +239,23 @@ class AnthropicModel(HTTPModel):
             body["stream"] = True
         return body
 
+    def _mark_transcript(self, turns: list[dict[str, Any]]) -> None:
+        if not turns:
+            return
+        # Thinking blocks cannot carry a breakpoint; the last other block can.
+        for block in reversed(turns[-1]["content"]):
+            if block["type"] not in _THINKING_BLOCKS:
+                block["cache_control"] = dict(self._cache_control)
+                return
+
     def _parse(self, data: Any) -> ModelResponse:
         with reading(_API):
-            if data.get("type") == "error":
-                raise _api_error(data)
+            error = self._error_in(data)
+            if error is not None:
+                raise error
             texts: list[str] = []
             calls: list[ToolCall] = []
+            reasoning: list[ReasoningPart] = []
             for block in data["content"]:
                 kind = block["type"]
                 if kind == "text":
@@ -188,14 +263,25 @@ class AnthropicModel(HTTPModel):
                 elif kind == "tool_use":
                     name = block["name"]
                     calls.append(ToolCall(block["id"], name, _input(block.get("input"), name)))
-            message = Message.assistant("".join(texts), calls)
+                elif kind == "thinking":
+                    reasoning.append(_thinking(block["thinking"], block.get("signature")))
+                elif kind == "redacted_thinking":
+                    reasoning.append(_redacted(block["data"]))
+            message = Message.assistant("".join(texts), calls, reasoning=reasoning)
             return ModelResponse(message, _usage(data.get("usage"), Usage(requests=1)))
+
+    def _error_in(self, data: Any) -> ModelAPIError | None:
+        if isinstance(data, dict) and data.get("type") == "error":
+            return _reported_error(data)
+        return None
 
     def _assembler(self) -> _Stream:
         return _Stream()
 
 
 # -- requests -----------------------------------------------------------------------------
+
+_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 def _messages(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
@@ -224,12 +310,7 @@ def _messages(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
 
 def _blocks(message: Message) -> list[dict[str, Any]]:
     if message.role == "tool":
-        result = message.tool_result
-        if result is None:
-            raise ModelError(
-                "A tool message without a tool_result cannot be sent: the API needs the id "
-                "of the call it answers. Build tool messages with Message.tool(ToolResult(...))."
-            )
+        result = tool_result(message)
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": result.tool_call_id,
@@ -238,7 +319,13 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         if result.is_error:
             block["is_error"] = True
         return [block]
+    # Thinking goes first, exactly as it came: the API checks the signatures, and wants
+    # the thinking that led to a tool call ahead of that call.
     blocks: list[dict[str, Any]] = []
+    for part in message.reasoning:
+        thinking = _reasoning_block(part)
+        if thinking is not None:
+            blocks.append(thinking)
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     blocks.extend(
@@ -246,6 +333,18 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         for call in message.tool_calls
     )
     return blocks
+
+
+def _reasoning_block(part: ReasoningPart) -> dict[str, Any] | None:
+    """The block that sends *part* back, or ``None`` for reasoning the API would refuse:
+    another provider's, or thinking without the signature that vouches for it."""
+    if part.provider != PROVIDER:
+        return None
+    if part.redacted_data is not None:
+        return {"type": "redacted_thinking", "data": part.redacted_data}
+    if part.signature is not None:
+        return {"type": "thinking", "thinking": part.text, "signature": part.signature}
+    return None
 
 
 def _tool(tool: ToolDefinition) -> dict[str, Any]:
@@ -259,15 +358,31 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 # -- answers ------------------------------------------------------------------------------
 
 
-def _api_error(data: Mapping[str, Any]) -> ModelAPIError:
-    error = data.get("error") or {}
-    kind = error.get("type", "error")
-    message = error.get("message") or kind
-    return ModelAPIError(
-        f"The {_API} API reported {kind}: {message}",
-        status_code=_ERROR_STATUS.get(kind, 500),
-        body=message,
-    )
+def _thinking(text: str, signature: Any) -> ReasoningPart:
+    if not isinstance(text, str):
+        raise TypeError(f"thinking is a {type(text).__name__}, not a string")
+    # Without a signature the API would refuse the block, so it is never sent back.
+    signed = isinstance(signature, str) and signature
+    return ReasoningPart(text, signature=signature if signed else None, provider=PROVIDER)
+
+
+def _redacted(data: str) -> ReasoningPart:
+    if not isinstance(data, str):
+        raise TypeError(f"redacted_thinking data is a {type(data).__name__}, not a string")
+    return ReasoningPart(redacted_data=data, provider=PROVIDER)
+
+
+def _reported_error(data: Mapping[str, Any]) -> ModelAPIError:
+    """The error an ``error`` body or stream event reports, with the status its type
+    stands for, so it is the same error (and as retryable) as that status would be."""
+    error = data.get("error")
+    error = error if isinstance(error, dict) else {}
+    kind = error.get("type")
+    kind = kind if isinstance(kind, str) and kind else "error"
+    message = error.get("message")
+    message = message if isinstance(message, str) and message else kind
+    status = _ERROR_STATUS.get(kind, 500)
+    return api_error(_API, f"reported {kind} (HTTP {status})", status, message)
 
 
 def _input(value: Any, name: str) -> dict[str, Any]:
@@ -276,7 +391,8 @@ def _input(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ModelResponseError(
             f"The {_API} model called tool {name!r} with input that is a "
-            f"{type(value).__name__}, not a JSON object."
+            f"{type(value).__name__}, not a JSON object. Give the tool an input schema of "
+            "type object."
         )
     return value
 
@@ -285,25 +401,30 @@ def _usage(usage: Any, previous: Usage) -> Usage:
     """*previous* updated with what *usage* reports.
 
     Input tokens include those read from or written to the prompt cache: they were all
-    sent to the model. In a stream, later counts are running totals, so they replace
-    earlier ones rather than add to them.
+    sent to the model; the cache counts say how many of them were which. In a stream,
+    counts are running totals that only grow, so a later count replaces an earlier one
+    and a missing (or smaller) one changes nothing.
     """
     if not isinstance(usage, dict):
         return previous
-    input_tokens = previous.input_tokens
-    if any(key in usage for key in ("input_tokens", "cache_read_input_tokens")):
-        input_tokens = sum(
-            usage.get(key) or 0
-            for key in (
-                "input_tokens",
-                "cache_creation_input_tokens",
-                "cache_read_input_tokens",
-            )
-        )
-    output_tokens = usage.get("output_tokens")
-    if output_tokens is None:
-        output_tokens = previous.output_tokens
-    return Usage(input_tokens, output_tokens, 1)
+
+    def count(key: str, before: int) -> int:
+        value = usage.get(key)
+        if type(value) is not int:
+            return before
+        return max(before, value)
+
+    read = count("cache_read_input_tokens", previous.cache_read_tokens)
+    written = count("cache_creation_input_tokens", previous.cache_write_tokens)
+    uncached = previous.input_tokens - previous.cache_read_tokens - previous.cache_write_tokens
+    uncached = count("input_tokens", uncached)
+    return Usage(
+        uncached + read + written,
+        count("output_tokens", previous.output_tokens),
+        1,
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 @attrs.define
@@ -315,14 +436,27 @@ class _PartialCall:
     arguments: list[str] = attrs.Factory(list)
 
 
+@attrs.define
+class _PartialThinking:
+    text: list[str] = attrs.Factory(list)
+    signature: list[str] = attrs.Factory(list)
+    redacted_data: str | None = None
+
+    def part(self) -> ReasoningPart:
+        if self.redacted_data is not None:
+            return _redacted(self.redacted_data)
+        return _thinking("".join(self.text), "".join(self.signature))
+
+
 class _Stream:
     """Assembles a streamed Messages answer from its typed events."""
 
     def __init__(self) -> None:
         self.done = False
         self._text: list[str] = []
-        # Content-block index -> tool call; text blocks share the index space.
+        # Content-block index -> tool call or thinking; all blocks share the index space.
         self._calls: dict[int, _PartialCall] = {}
+        self._thinking: dict[int, _PartialThinking] = {}
         self._usage = Usage(requests=1)
 
     def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
@@ -340,29 +474,49 @@ class _Stream:
             elif kind == "message_stop":
                 self.done = True
             elif kind == "error":
-                raise _api_error(data)
+                raise _reported_error(data)
             # ping, content_block_stop and event types added later carry nothing we need
             return []
 
     def _start(self, index: int, block: Mapping[str, Any]) -> list[ModelStreamItem]:
-        if block["type"] == "tool_use":
+        kind = block["type"]
+        if kind == "tool_use":
             call = _PartialCall(len(self._calls), block["id"], block["name"], block.get("input"))
             self._calls[index] = call
             return [ToolCallDelta(call.ordinal, call.id, call.name)]
-        if block["type"] == "text" and block.get("text"):
+        if kind == "text" and block.get("text"):
             self._text.append(block["text"])
             return [TextDelta(block["text"])]
+        if kind == "redacted_thinking":
+            self._thinking[index] = _PartialThinking(redacted_data=block["data"])
+        elif kind == "thinking":
+            thinking = self._thinking[index] = _PartialThinking()
+            return self._think(thinking, block.get("thinking"), block.get("signature"))
         return []
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[ModelStreamItem]:
-        if delta["type"] == "text_delta":
+        kind = delta["type"]
+        if kind == "text_delta":
             self._text.append(delta["text"])
             return [TextDelta(delta["text"])]
-        if delta["type"] == "input_json_delta":
+        if kind == "input_json_delta":
             call = self._calls[index]
             call.arguments.append(delta["partial_json"])
             return [ToolCallDelta(call.ordinal, arguments=delta["partial_json"])]
-        return []  # thinking, signatures, citations: not part of a Runlet message
+        if kind == "thinking_delta":
+            return self._think(self._thinking[index], delta["thinking"], None)
+        if kind == "signature_delta":
+            return self._think(self._thinking[index], None, delta["signature"])
+        return []  # citations and delta types added later: not part of a Runlet message
+
+    @staticmethod
+    def _think(thinking: _PartialThinking, text: Any, signature: Any) -> list[ModelStreamItem]:
+        if isinstance(signature, str):
+            thinking.signature.append(signature)
+        if isinstance(text, str) and text:
+            thinking.text.append(text)
+            return [ReasoningDelta(text)]
+        return []
 
     def finish(self) -> ModelResponse:
         if not self.done:
@@ -378,4 +532,7 @@ class _Stream:
                 parse_arguments(text, call.name, _API) if text else _input(call.start, call.name)
             )
             calls.append(ToolCall(call.id, call.name, arguments))
-        return ModelResponse(Message.assistant("".join(self._text), calls), self._usage)
+        # Blocks arrive in index order, which is the order the API wants them back in.
+        reasoning = [self._thinking[index].part() for index in sorted(self._thinking)]
+        message = Message.assistant("".join(self._text), calls, reasoning=reasoning)
+        return ModelResponse(message, self._usage)

@@ -19,24 +19,34 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._errors import ModelAPIError, ModelError, ModelResponseError
-from .._messages import Message, ToolCall, Usage
-from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
+from .._errors import ModelAPIError, ModelResponseError
+from .._messages import Message, ReasoningPart, ToolCall, Usage
+from .._model import (
+    ModelRequest,
+    ModelResponse,
+    ModelStreamItem,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 from .._tools import ToolDefinition
 from ._http import (  # raises a helpful ImportError when httpx is missing
+    DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     HTTPModel,
-    RetryPolicy,
     ServerSentEvent,
+    api_error,
     parse_arguments,
     parse_json,
     reading,
+    tool_result,
 )
+from ._retry import RetryPolicy, retry_policy
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["DEFAULT_BASE_URL", "OPTIONS", "OpenAIChatModel"]
+__all__ = ["DEFAULT_BASE_URL", "OPTIONS", "PROVIDER", "OpenAIChatModel"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 """Where :class:`OpenAIChatModel` sends requests unless given ``base_url``."""
@@ -64,8 +74,36 @@ OPTIONS = frozenset(
 request body, unchanged. Other keys are left out, so one ``options`` mapping can serve
 several adapters; send anything else with ``extra_body``."""
 
+PROVIDER = "openai"
+"""The :attr:`~runlet.ReasoningPart.provider` of the reasoning :class:`OpenAIChatModel`
+keeps (from ``reasoning_content`` or ``reasoning``). It sends no reasoning back."""
+
 _API = "OpenAI Chat Completions"
 _ERROR_PREFIX = "Error: "
+
+# The fields in which OpenAI-compatible servers hand out reasoning text: DeepSeek's
+# original name first, then the one vLLM (0.9 and later) and OpenRouter use.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+# The HTTP status an error object's ``code`` or ``type`` stands for, for an error that
+# arrives with a 200 (in a stream, or from a compatible server) and so has no status of
+# its own: the status OpenAI answers with for the same error.
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "invalid_api_key": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "model_not_found": 404,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "insufficient_quota": 429,
+    "tokens": 429,
+    "requests": 429,
+    "server_error": 500,
+    "api_error": 500,
+    "service_unavailable": 503,
+}
 
 
 class OpenAIChatModel(HTTPModel):
@@ -74,6 +112,13 @@ class OpenAIChatModel(HTTPModel):
 
     It works with OpenAI and with OpenAI-compatible servers such as Ollama, vLLM,
     llama.cpp's ``llama-server`` or LM Studio: point ``base_url`` at the server.
+
+    Reasoning text that compatible servers return (``reasoning_content`` from DeepSeek
+    and older vLLM, ``reasoning`` from newer vLLM and OpenRouter) becomes the message's
+    :attr:`~runlet.Message.reasoning` (with :attr:`~runlet.ReasoningPart.provider`
+    ``"openai"``) and streams as :class:`~runlet.ReasoningDelta`. It is never sent back:
+    these servers refuse or ignore it in requests. Neither is reasoning from other
+    providers.
 
     Use it as ``async with OpenAIChatModel(...) as model:``, or call :meth:`aclose`
     when done, to close the HTTP client it creates. A client passed as ``http_client``
@@ -86,12 +131,15 @@ class OpenAIChatModel(HTTPModel):
         base_url: The API root, up to and including ``/v1``.
         http_client: An :class:`httpx.AsyncClient` to use (and not close) instead of one
             the adapter creates.
-        timeout: Seconds to wait on the server, for a client the adapter creates.
-        max_retries: Retries after a 408, 409, 429 or 5xx answer or a connection
-            failure; 0 turns retrying off.
-        retry_base_delay: Seconds; the backoff cap starts here and doubles per retry.
-        retry_max_delay: Seconds; the backoff cap never exceeds this.
-        retry_deadline: Seconds from the first attempt after which no retry is begun.
+        timeout: Seconds to wait on the server (to read, write, or get a pooled
+            connection), for a client the adapter creates; ``None`` waits forever.
+        connect_timeout: Seconds to wait for a new connection, for a client the adapter
+            creates; ``None`` waits forever.
+        retry: When to retry a failed request; see :class:`~runlet.providers.RetryPolicy`.
+        max_retries: Instead of *retry*: its ``max_retries``.
+        retry_base_delay: Instead of *retry*: its ``base_delay``.
+        retry_max_delay: Instead of *retry*: its ``max_delay``.
+        retry_deadline: Instead of *retry*: its ``deadline``.
         headers: Extra HTTP headers for every request (e.g. ``OpenAI-Organization``).
         extra_body: Extra JSON fields for every request body; they win over options.
         stream_usage: Ask for token usage at the end of a stream
@@ -99,7 +147,7 @@ class OpenAIChatModel(HTTPModel):
 
     Raises:
         ConfigurationError: An argument is unusable (an empty model name, a negative
-            retry setting).
+            retry setting, both *retry* and a retry keyword).
     """
 
     api = _API
@@ -112,10 +160,12 @@ class OpenAIChatModel(HTTPModel):
         base_url: str | None = None,
         http_client: httpx.AsyncClient | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
-        max_retries: int = 3,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 8.0,
-        retry_deadline: float = 60.0,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        max_retries: int | None = None,
+        retry_base_delay: float | None = None,
+        retry_max_delay: float | None = None,
+        retry_deadline: float | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         stream_usage: bool = True,
@@ -129,7 +179,14 @@ class OpenAIChatModel(HTTPModel):
             headers={**auth, **(headers or {})},
             http_client=http_client,
             timeout=timeout,
-            retry=RetryPolicy(max_retries, retry_base_delay, retry_max_delay, retry_deadline),
+            connect_timeout=connect_timeout,
+            retry=retry_policy(
+                retry,
+                max_retries=max_retries,
+                base_delay=retry_base_delay,
+                max_delay=retry_max_delay,
+                deadline=retry_deadline,
+            ),
             extra_body=extra_body,
         )
         self.stream_usage = stream_usage
@@ -147,15 +204,26 @@ class OpenAIChatModel(HTTPModel):
 
     def _parse(self, data: Any) -> ModelResponse:
         with reading(_API):
-            _raise_embedded_error(data)
+            error = _embedded_error(data)
+            if error is not None:
+                raise error
             message = data["choices"][0]["message"]
             calls = tuple(
                 _tool_call(call, index)
                 for index, call in enumerate(message.get("tool_calls") or ())
             )
+            reasoning = _reasoning(message)
             return ModelResponse(
-                Message.assistant(_text(message), calls), _usage(data.get("usage"))
+                Message.assistant(
+                    _text(message),
+                    calls,
+                    reasoning=[ReasoningPart(reasoning, provider=PROVIDER)] if reasoning else (),
+                ),
+                _usage(data.get("usage")),
             )
+
+    def _error_in(self, data: Any) -> ModelAPIError | None:
+        return _embedded_error(data)
 
     def _assembler(self) -> _Stream:
         return _Stream()
@@ -173,6 +241,8 @@ def _messages(request: ModelRequest) -> list[dict[str, Any]]:
 
 
 def _message(message: Message) -> dict[str, Any]:
+    # An assistant message's reasoning stays out: DeepSeek refuses a request that
+    # carries reasoning_content, and the others ignore it.
     if message.role == "assistant":
         entry: dict[str, Any] = {"role": "assistant", "content": message.content or None}
         if message.tool_calls:
@@ -186,12 +256,7 @@ def _message(message: Message) -> dict[str, Any]:
             ]
         return entry
     if message.role == "tool":
-        result = message.tool_result
-        if result is None:
-            raise ModelError(
-                "A tool message without a tool_result cannot be sent: the API needs the id "
-                "of the call it answers. Build tool messages with Message.tool(ToolResult(...))."
-            )
+        result = tool_result(message)
         # Chat Completions has no error flag on tool messages, so the text says it.
         content = _ERROR_PREFIX + result.content if result.is_error else result.content
         return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
@@ -216,18 +281,41 @@ def _dumps(arguments: Mapping[str, Any]) -> str:
 # -- answers ------------------------------------------------------------------------------
 
 
-def _raise_embedded_error(data: Any) -> None:
-    """Some compatible servers answer (or end a stream) with ``{"error": ...}`` and a
-    success status; that is an API error, not a malformed answer."""
-    if not isinstance(data, dict) or "error" not in data or "choices" in data:
-        return
+def _embedded_error(data: Any) -> ModelAPIError | None:
+    """The error in an answer (or a stream chunk) that is ``{"error": ...}`` with a
+    success status: an API error, not a malformed answer. OpenAI reports an error that
+    happens mid-stream this way; so do some compatible servers for any error.
+
+    It gets the status the same error would have had as an HTTP answer, so it is as
+    retryable (or not) as that answer."""
+    if not isinstance(data, dict) or data.get("error") is None or "choices" in data:
+        return None
     error = data["error"]
-    message = error.get("message") if isinstance(error, dict) else error
-    code = error.get("code") if isinstance(error, dict) else None
-    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-    raise ModelAPIError(
-        f"The {_API} API reported an error: {message}", status_code=status, body=str(message)
-    )
+    details = error if isinstance(error, dict) else {}
+    message = details.get("message") if isinstance(error, dict) else error
+    message = message if isinstance(message, str) and message else json.dumps(error)
+    status = _error_status(details)
+    return api_error(_API, f"reported an error (HTTP {status})", status, message)
+
+
+def _error_status(error: Mapping[str, Any]) -> int:
+    for key in ("code", "status", "type"):
+        value = error.get(key)
+        if type(value) is int and 400 <= value <= 599:
+            return value
+        if isinstance(value, str) and value in _ERROR_STATUS:
+            return _ERROR_STATUS[value]
+    return 500
+
+
+def _reasoning(fields: Mapping[str, Any]) -> str:
+    """The reasoning text in a message or delta, from the first field that has some
+    (a server that fills both repeats one in the other)."""
+    for field in _REASONING_FIELDS:
+        value = fields.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def _text(message: Mapping[str, Any]) -> str:
@@ -235,7 +323,8 @@ def _text(message: Mapping[str, Any]) -> str:
     text = message.get("content") or message.get("refusal") or ""
     if not isinstance(text, str):
         raise ModelResponseError(
-            f"The {_API} answer's message content is a {type(text).__name__}, not text."
+            f"The {_API} answer's message content is a {type(text).__name__}, not text. "
+            f"Check that the server really implements the {_API} API."
         )
     return text
 
@@ -258,7 +347,22 @@ def _usage(usage: Any) -> Usage:
     # Some compatible servers report no usage; the request still counts.
     if not isinstance(usage, dict):
         return Usage(requests=1)
-    return Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0, 1)
+    # Cached prompt tokens are part of prompt_tokens. OpenAI reports them in
+    # prompt_tokens_details; DeepSeek as prompt_cache_hit_tokens.
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = usage.get("prompt_cache_hit_tokens")
+    return Usage(
+        _count(usage.get("prompt_tokens")),
+        _count(usage.get("completion_tokens")),
+        1,
+        cache_read_tokens=_count(cached),
+    )
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0
 
 
 @attrs.define
@@ -276,6 +380,7 @@ class _Stream:
         self.done = False
         self._finished = False
         self._text: list[str] = []
+        self._reasoning: list[str] = []
         # The API's own call indexes, mapped to the order the calls first appeared in.
         self._calls: dict[int, _PartialCall] = {}
         self._last = 0
@@ -287,7 +392,9 @@ class _Stream:
             return []
         chunk = parse_json(event.data, _API)
         with reading(_API):
-            _raise_embedded_error(chunk)
+            error = _embedded_error(chunk)
+            if error is not None:
+                raise error
             if chunk.get("usage"):
                 self._usage = _usage(chunk["usage"])
             items: list[ModelStreamItem] = []
@@ -298,6 +405,10 @@ class _Stream:
 
     def _choice(self, choice: Mapping[str, Any], items: list[ModelStreamItem]) -> None:
         delta = choice.get("delta") or {}
+        reasoning = _reasoning(delta)
+        if reasoning:
+            self._reasoning.append(reasoning)
+            items.append(ReasoningDelta(reasoning))
         text = delta.get("content") or delta.get("refusal")
         if text:
             self._text.append(text)
@@ -332,9 +443,15 @@ class _Stream:
         for index, partial in enumerate(self._calls.values()):
             if not partial.name:
                 raise ModelResponseError(
-                    f"The {_API} stream sent tool call {index} without a function name."
+                    f"The {_API} stream sent tool call {index} without a function name. Check "
+                    f"that the server really implements the {_API} API."
                 )
             arguments = parse_arguments("".join(partial.arguments), partial.name, _API)
             calls.append(ToolCall(_call_id(partial.id, index), partial.name, arguments))
-        message = Message.assistant("".join(self._text), calls)
+        reasoning = "".join(self._reasoning)
+        message = Message.assistant(
+            "".join(self._text),
+            calls,
+            reasoning=[ReasoningPart(reasoning, provider=PROVIDER)] if reasoning else (),
+        )
         return ModelResponse(message, self._usage)
