@@ -33,7 +33,7 @@ from ._events import (
 )
 from ._human import Decision, HumanRequest, check_ask_human, is_ask_human, make_request
 from ._messages import Message, ToolCall, ToolResult, Usage
-from ._model import Model, ModelRequest, ModelResponse, TextDelta
+from ._model import Model, ModelRequest, ModelResponse, ReasoningDelta, TextDelta
 from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
@@ -369,8 +369,13 @@ async def _ask(model: Model, request: ModelRequest, emit: Emit | None) -> ModelR
             f"{type(model).__name__} gave two tool calls the same id in one message; "
             "each call needs its own id."
         )
-    if emit is not None and message.content and getattr(model, "stream", None) is None:
-        await emit(TextDelta(message.content))
+    if emit is not None and getattr(model, "stream", None) is None:
+        # A model that cannot stream still gives the consumer its reasoning and text.
+        for part in message.reasoning:
+            if part.text:
+                await emit(ReasoningDelta(part.text))
+        if message.content:
+            await emit(TextDelta(message.content))
     return response
 
 

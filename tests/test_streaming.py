@@ -951,3 +951,16 @@ async def test_every_call_gets_started_and_finished_events() -> None:
 def test_stream_buffer_size_is_positive() -> None:
     assert isinstance(STREAM_BUFFER_SIZE, int)
     assert STREAM_BUFFER_SIZE > 0
+
+
+async def test_a_model_without_stream_hands_out_its_reasoning_before_its_text() -> None:
+    from runlet import ReasoningDelta, ReasoningPart
+
+    thought = Message("assistant", "42.", reasoning=(ReasoningPart("Six times seven."),))
+    model = CompleteOnlyModel([ModelResponse(thought)])
+    events, result = await collect(Runtime(), Agent("a", "", model))
+
+    assert [ReasoningDelta("Six times seven."), TextDelta("42.")] == [
+        e for e in events if isinstance(e, (ReasoningDelta, TextDelta))
+    ]
+    assert "42." == result.output
