@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
+import importlib
 import inspect
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -294,6 +298,32 @@ class TestPublicSurface:
             if inspect.isclass(obj) and issubclass(obj, BaseException):
                 assert issubclass(obj, RunletError), name
                 assert obj.__doc__
+
+    def test_errors_raised_on_purpose_are_runlet_errors(self) -> None:
+        # Python's own protocol exceptions, and TypeError inside the checkpoint
+        # converter's hooks, where cattrs turns it into a CheckpointSerializationError.
+        allowed = {StopAsyncIteration, SystemExit, NotImplementedError, ImportError}
+        converter_hooks = {"runlet._checkpoint": {TypeError}}
+        root = Path(runlet.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            module_name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            module = importlib.import_module(module_name)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Raise) or node.exc is None:
+                    continue
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if not isinstance(target, ast.Name):
+                    continue
+                raised = getattr(module, target.id, getattr(builtins, target.id, None))
+                if not (inspect.isclass(raised) and issubclass(raised, BaseException)):
+                    continue  # a variable holding an exception, re-raised
+                where = f"{module_name}:{node.lineno} raises {raised.__name__}"
+                assert (
+                    issubclass(raised, RunletError)
+                    or raised in allowed
+                    or raised in converter_hooks.get(module_name, set())
+                ), where
 
     def test_design_names_are_present(self) -> None:
         for name in [
