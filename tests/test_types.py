@@ -303,7 +303,7 @@ class TestPublicSurface:
         # Python's own protocol exceptions, and TypeError inside the checkpoint
         # converter's hooks, where cattrs turns it into a CheckpointSerializationError.
         allowed = {StopAsyncIteration, SystemExit, NotImplementedError, ImportError}
-        converter_hooks = {"runlet._checkpoint": {TypeError}}
+        converter_hooks = {"runlet._checkpoint": {TypeError, ValueError}}
         root = Path(runlet.__file__).parent
         for path in sorted(root.rglob("*.py")):
             parts = path.relative_to(root.parent).with_suffix("").parts
