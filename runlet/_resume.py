@@ -413,12 +413,11 @@ async def _continue(
 
 
 def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:
-    for call in checkpoint.pending_tool_calls:
-        if call.id == call_id:
-            if decision.arguments is None or decision.arguments == call.arguments:
-                return call
-            return ToolCall(call.id, call.name, decision.arguments)
-    raise AssertionError(call_id)  # pragma: no cover - check_integrity rules it out
+    # check_integrity guarantees the decided call is pending.
+    call = next(c for c in checkpoint.pending_tool_calls if c.id == call_id)
+    if decision.arguments is None or decision.arguments == call.arguments:
+        return call
+    return ToolCall(call.id, call.name, decision.arguments)
 
 
 def _answer_result(request: HumanRequest, decision: Decision) -> ToolResult:
