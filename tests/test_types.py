@@ -300,10 +300,15 @@ class TestPublicSurface:
                 assert obj.__doc__
 
     def test_errors_raised_on_purpose_are_runlet_errors(self) -> None:
-        # Python's own protocol exceptions, and TypeError inside the checkpoint
-        # converter's hooks, where cattrs turns it into a CheckpointSerializationError.
+        # Python's own protocol exceptions; TypeError and ValueError inside the checkpoint
+        # converter's hooks, where cattrs turns them into a CheckpointSerializationError;
+        # TypeError inside the Anthropic adapter's readers, which `reading()` turns into a
+        # ModelResponseError.
         allowed = {StopAsyncIteration, SystemExit, NotImplementedError, ImportError}
-        converter_hooks = {"runlet._checkpoint": {TypeError, ValueError}}
+        converter_hooks = {
+            "runlet._checkpoint": {TypeError, ValueError},
+            "runlet.providers.anthropic": {TypeError},
+        }
         root = Path(runlet.__file__).parent
         for path in sorted(root.rglob("*.py")):
             parts = path.relative_to(root.parent).with_suffix("").parts
