@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -365,7 +366,7 @@ async def _continue(
         run_id=checkpoint.run_id,
         messages=checkpoint.messages,
         transcript=list(checkpoint.transcript),
-        options=checkpoint.options,
+        options=_read_only(checkpoint.options),
         metadata=checkpoint.metadata,
         usage=checkpoint.usage,
         turns=checkpoint.turns,
@@ -410,6 +411,12 @@ async def _continue(
         append_results(run, results)
         result = await loop.drive(run)  # 5. ordinary turns from here
     return result, tuple(decided.values())
+
+
+def _read_only(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The resumed run's options, read-only like a new run's, so an adapter cannot change
+    the stored checkpoint through them."""
+    return options if type(options) is MappingProxyType else MappingProxyType(options)
 
 
 def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:

@@ -1129,3 +1129,30 @@ async def test_a_broken_approval_prompt_falls_back_to_the_default(prompt: Any) -
     first = await rt.run(agent_with(model, refund_spec(Payments(), approval_prompt=prompt)), "x")
     assert first.interruption is not None
     assert 'Allow refund with {"order_id": "1"}?' == first.interruption.prompt
+
+
+async def test_a_resumed_run_gets_read_only_options() -> None:
+    seen: list[Any] = []
+
+    def meddle(request: runlet.ModelRequest) -> str:
+        try:
+            request.options["temperature"] = 2.0  # type: ignore[index]
+        except TypeError:
+            seen.append("refused")
+        return "Done."
+
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="c1", order_id="1"), meddle])
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund.", options={"temperature": 0.1})
+    text = json.dumps(unstructure_checkpoint(await rt.checkpoint_store.load(cp(first))))  # type: ignore[union-attr]
+    elsewhere = InMemoryCheckpointStore()
+    await elsewhere.save(structure_checkpoint(json.loads(text)))
+
+    await Runtime(checkpoint_store=elsewhere).resume(
+        agent, checkpoint_id=cp(first), response=approve(first)
+    )
+
+    assert ["refused"] == seen
+    assert {"temperature": 0.1} == (await elsewhere.load(cp(first))).options
