@@ -19,3 +19,6 @@ if _selected is not None and _selected not in _BACKENDS:
 @pytest.fixture(params=[_selected] if _selected else _BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+from _postgres import postgres_server as postgres_server  # noqa: E402
