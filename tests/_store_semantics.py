@@ -370,3 +370,77 @@ def semantics_tests(factory: Factory) -> type:
                 assert [] == list(await store.decisions("run_nope"))
 
     return StoreSemantics
+
+
+def sql_store_tests(factory: Factory) -> type:
+    """What the SQL stores add to the protocol: retention, and the open/closed life."""
+
+    @pytest.mark.anyio
+    class SQLStoreBehaviour:
+        async def test_purge_resolved(self) -> None:
+            async with factory(60.0) as store:
+                for n in range(3):
+                    await store.save(checkpoint(f"cp_{n}"))
+                claim = await store.claim("cp_0")
+                await store.record("cp_0", claim.token, [record(checkpoint("cp_0"))])
+                await store.resolve("cp_0", claim.token, resolution(checkpoint("cp_0")))
+                await store.cancel("cp_1")
+                assert 0 == await store.purge_resolved(older_than=timedelta(hours=1))
+                assert 0 == await store.purge_resolved(older_than=3600)
+                assert "resolved" == (await store.get("cp_0")).status
+                assert 2 == await store.purge_resolved(older_than=0)
+                for gone in ("cp_0", "cp_1"):
+                    with pytest.raises(CheckpointNotFoundError):
+                        await store.get(gone)
+                assert [] == list(await store.decisions("run_1"))
+                assert "pending" == (await store.get("cp_2")).status
+                for wrong in (-1, float("inf"), "1", None, timedelta(seconds=-1)):
+                    with pytest.raises(ConfigurationError):
+                        await store.purge_resolved(older_than=wrong)
+
+        async def test_used_outside_async_with(self) -> None:
+            async with factory(60.0) as store:
+                with pytest.raises(ConfigurationError, match="already open"):
+                    await store.__aenter__()
+            with pytest.raises(ConfigurationError, match="async with") as caught:
+                await store.get("cp_1")
+            assert type(store).__name__ in str(caught.value)
+            with pytest.raises(ConfigurationError, match="async with"):
+                await store.save(checkpoint())
+
+        async def test_a_runtime_resumes_through_the_store(self) -> None:
+            from runlet import Agent, HumanResponse, Runtime, ToolSpec
+            from runlet.testing import ScriptedModel, call
+
+            ran: list[str] = []
+
+            async def pay(arguments: Any, context: Any) -> str:
+                ran.append(context.idempotency_key)
+                return "paid"
+
+            tool = ToolSpec(
+                name="pay",
+                description="Pay.",
+                input_schema={"type": "object"},
+                handler=pay,
+                requires_approval=True,
+            )
+            agent = Agent("payer", "Pay.", ScriptedModel([call("pay"), "done"]), (tool,))
+            async with factory(60.0) as store:
+                runtime = Runtime(checkpoint_store=store)
+                interrupted = await runtime.run(agent, "go", metadata={"user": "ann"})
+                assert interrupted.checkpoint_id is not None
+                assert interrupted.interruption is not None
+                (listed,) = await store.list_pending(metadata={"user": "ann"})
+                assert interrupted.checkpoint_id == listed.checkpoint_id
+                response = HumanResponse(interrupted.interruption.id, "approve")
+                cp_id = interrupted.checkpoint_id
+                done = await runtime.resume(agent, checkpoint_id=cp_id, response=response)
+                again = await runtime.resume(agent, checkpoint_id=cp_id, response=response)
+                assert ("completed", "done") == (done.status, done.output)
+                assert done == again
+                assert 1 == len(ran)
+                assert "resolved" == (await store.get(cp_id)).status
+                assert ["approve"] == [d.action for d in await store.decisions(done.run_id)]
+
+    return SQLStoreBehaviour

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
@@ -305,7 +306,11 @@ class SQLStore:
             return Claim(checkpoint=_checkpoint(row[0]), token=token, records=_records(records))
 
         try:
-            return await self._run(work)
+            claim = await self._run(work)
+            # A cancellation that arrived while the thread ran must not hand out a claim
+            # the caller will never see.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return claim
         except anyio.get_cancelled_exc_class():
             # The thread may have claimed before the cancellation took effect: nobody
             # holds that token, so give the checkpoint back instead of waiting a lease.
