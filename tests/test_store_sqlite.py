@@ -149,3 +149,15 @@ async def test_a_cancelled_claim_leaves_the_checkpoint_claimable() -> None:
         assert scope.cancelled_caught
         assert "pending" == (await store.get("cp_1")).status
         await store.claim("cp_1")
+
+
+async def test_the_stores_page_example_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from test_docs import run_page
+
+    monkeypatch.chdir(tmp_path)
+    namespace = await run_page("stores.md")
+    assert 1 == len(namespace["paid"])
+    assert "Invoice A-1 is paid." == namespace["again"].output
+    assert (tmp_path / "checkpoints.db").exists()

@@ -215,7 +215,7 @@ class SQLStore:
         whose state is kept).
 
         Raises:
-            CheckpointSerializationError: The checkpoint holds data that is not JSON.
+            ~runlet.CheckpointSerializationError: The checkpoint holds data that is not JSON.
         """
 
         def work() -> None:
@@ -229,8 +229,8 @@ class SQLStore:
         """Return the checkpoint, whatever its state.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointCancelledError: It was cancelled.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointCancelledError: It was cancelled.
         """
 
         def work() -> Checkpoint:
@@ -260,7 +260,7 @@ class SQLStore:
         """The checkpoint with its status, records and resolution.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
         """
 
         def work() -> StoredCheckpoint:
@@ -285,10 +285,10 @@ class SQLStore:
         database's clock. A cancelled call gives the claim back before it re-raises.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointCancelledError: It was cancelled.
-            CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
-            CheckpointClaimedError: Another claim holds it and its lease has not run out.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointCancelledError: It was cancelled.
+            ~runlet.CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
+            ~runlet.CheckpointClaimedError: Another claim holds it and its lease has not run out.
         """
         token = new_token()
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
@@ -322,7 +322,7 @@ class SQLStore:
         """Extend the claim's lease by :attr:`lease` seconds from now (database clock).
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
@@ -339,7 +339,7 @@ class SQLStore:
         transaction that first checks the token.
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         rows = [
             {
@@ -373,7 +373,7 @@ class SQLStore:
         pending, in one transaction.
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         params = {"id": checkpoint_id, "token": token}
 
@@ -402,9 +402,9 @@ class SQLStore:
         """Retire the checkpoint without resolving it; cancelling twice is fine.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointClaimedError: A resume holds it right now (its lease holds).
-            CheckpointResolvedError: It was already resolved.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointClaimedError: A resume holds it right now (its lease holds).
+            ~runlet.CheckpointResolvedError: It was already resolved.
         """
 
         def work() -> None:
@@ -435,8 +435,8 @@ class SQLStore:
                 equal value.
 
         Raises:
-            CheckpointNotFoundError: *after* names no checkpoint of this store.
-            ConfigurationError: *limit* is not a positive int.
+            ~runlet.CheckpointNotFoundError: *after* names no checkpoint of this store.
+            ~runlet.ConfigurationError: *limit* is not a positive int.
         """
         check_limit(limit)
         wanted = dict(metadata) if metadata else {}
@@ -480,7 +480,7 @@ class SQLStore:
         as long as a client may repeat a response, or your audit rules require.
 
         Raises:
-            ConfigurationError: *older_than* is negative or not a duration.
+            ~runlet.ConfigurationError: *older_than* is negative or not a duration.
         """
         age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if type(age) not in (int, float) or not 0 <= age < math.inf:

@@ -261,9 +261,11 @@ class PostgresCheckpointStore(SQLStore):
             instance ``{"prepare_threshold": None}`` behind PgBouncer in transaction mode).
 
     Raises:
-        ConfigurationError: An argument is out of range.
-        StoreSchemaError: On entering, the database holds tables of an unknown schema.
-        psycopg_pool.PoolTimeout: On entering, the server could not be reached in time.
+        ~runlet.ConfigurationError: An argument is out of range.
+        ~runlet.StoreSchemaError: On entering, the database holds tables of an unknown schema.
+
+    Entering raises ``psycopg_pool.PoolTimeout`` when the server cannot be reached within
+    *timeout*; other database failures raise psycopg's own errors.
     """
 
     _sql = STATEMENTS
