@@ -187,8 +187,9 @@ class FloorStore:
         return await anyio.to_thread.run_sync(work)
 
     def _single(self) -> AbstractContextManager[Any]:
-        # SQLite writes always take the write lock first; PostgreSQL runs one statement
-        # in autocommit, as the store does.
+        # As the store does: SQLite writes always take the write lock first (BEGIN
+        # IMMEDIATE); on PostgreSQL, statements that need no common transaction run in
+        # autocommit.
         if self.db.name == "sqlite":
             return self.db.transaction(self.conn, True)
         return nullcontext()
@@ -214,14 +215,13 @@ class FloorStore:
         sql, conn, token = self.sql, self.conn, uuid.uuid4().hex
         ids = {"id": checkpoint_id, "token": token}
 
-        def read() -> Any:
-            with self.db.transaction(conn, False):
-                row = conn.execute(sql.GET, ids).fetchone()
-                conn.execute(sql.RECORDS, ids).fetchall()
+        def read() -> Any:  # as the store reads: no explicit transaction
+            row = conn.execute(sql.GET, ids).fetchone()
+            conn.execute(sql.RECORDS, ids).fetchall()
             return json.loads(row[1])
 
         def claim() -> None:
-            with self.db.transaction(conn, True):
+            with self._single():
                 conn.execute(sql.CLAIM, {**ids, "lease": LEASE}).fetchone()
                 conn.execute(sql.RECORDS, ids).fetchall()
 

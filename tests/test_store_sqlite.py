@@ -161,3 +161,21 @@ async def test_the_stores_page_example_runs(
     assert 1 == len(namespace["paid"])
     assert "Invoice A-1 is paid." == namespace["again"].output
     assert (tmp_path / "checkpoints.db").exists()
+
+
+async def test_a_file_that_is_not_a_database_is_refused() -> None:
+    db_path().write_bytes(b"not a database, just some bytes " * 100)
+    with pytest.raises(sqlite3.DatabaseError):
+        async with SQLiteCheckpointStore(db_path()):
+            pass  # pragma: no cover
+
+
+async def test_a_connection_left_inside_a_transaction_is_never_reused() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        conn = store._take()
+        conn.execute("BEGIN")
+        store._give(conn)
+        assert conn not in store._idle
+        with pytest.raises(sqlite3.ProgrammingError):  # closed
+            conn.execute("SELECT 1")
+        await store.save(checkpoint())  # the store opens a new one

@@ -134,9 +134,11 @@ class SQLStore:
         """Close every connection (in a worker thread)."""
         raise NotImplementedError
 
-    def _connection(self, *, write: bool, single: bool) -> AbstractContextManager[Connection]:
-        """A connection inside a transaction (a write transaction when *write*); with
-        *single* the caller runs one statement, which the store may run on its own."""
+    def _connection(self, *, write: bool, atomic: bool) -> AbstractContextManager[Connection]:
+        """A connection for a unit of work that writes (*write*) or only reads, and whose
+        statements must form one transaction (*atomic*). A store may run the statements
+        of a non-atomic unit each on its own (PostgreSQL autocommit), saving the round
+        trips of BEGIN and COMMIT; SQLite always wraps writes in ``BEGIN IMMEDIATE``."""
         raise NotImplementedError
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
@@ -172,7 +174,7 @@ class SQLStore:
     def _open(self) -> None:
         self._connect()
         try:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 self._check_schema(conn)
         except BaseException:
             self._disconnect()
@@ -220,7 +222,7 @@ class SQLStore:
 
         def work() -> None:
             params = _checkpoint_params(checkpoint)
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 conn.execute(self._sql.save, params)
 
         await self._run(work)
@@ -234,7 +236,7 @@ class SQLStore:
         """
 
         def work() -> Checkpoint:
-            with self._connection(write=False, single=True) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 row = conn.execute(self._sql.load, {"id": checkpoint_id}).fetchone()
             if row is None:
                 raise not_found(checkpoint_id)
@@ -248,7 +250,7 @@ class SQLStore:
         """Forget the checkpoint with its records and outcome; nothing if there is none."""
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 conn.execute(self._sql.delete_records, {"id": checkpoint_id})
                 conn.execute(self._sql.delete, {"id": checkpoint_id})
 
@@ -264,7 +266,7 @@ class SQLStore:
         """
 
         def work() -> StoredCheckpoint:
-            with self._connection(write=False, single=False) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 row = conn.execute(self._sql.get, {"id": checkpoint_id}).fetchone()
                 if row is None:
                     raise not_found(checkpoint_id)
@@ -294,7 +296,7 @@ class SQLStore:
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
         def work() -> Claim:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 for _ in range(_CLAIM_ATTEMPTS):
                     row = conn.execute(self._sql.claim, params).fetchone()
                     if row is not None:
@@ -327,7 +329,7 @@ class SQLStore:
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
         def work() -> None:
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 renewed = conn.execute(self._sql.renew, params).rowcount
             if renewed != 1:
                 raise lease_lost(checkpoint_id)
@@ -352,7 +354,7 @@ class SQLStore:
         ]
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 held = conn.execute(self._sql.holder, {"id": checkpoint_id, "token": token})
                 row = held.fetchone()
                 if row is None:
@@ -380,7 +382,7 @@ class SQLStore:
         def work() -> None:
             params["resolution"] = dumps(unstructure(resolution))
             after = None if next_checkpoint is None else _checkpoint_params(next_checkpoint)
-            with self._connection(write=True, single=after is None) as conn:
+            with self._connection(write=True, atomic=after is not None) as conn:
                 if conn.execute(self._sql.resolve, params).rowcount != 1:
                     raise lease_lost(checkpoint_id)
                 if after is not None:
@@ -393,7 +395,7 @@ class SQLStore:
         Does nothing if *token* no longer holds it."""
 
         def work() -> None:
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 conn.execute(self._sql.release, {"id": checkpoint_id, "token": token})
 
         await self._run(work)
@@ -408,7 +410,7 @@ class SQLStore:
         """
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 for _ in range(_CLAIM_ATTEMPTS):
                     if conn.execute(self._sql.cancel, {"id": checkpoint_id}).rowcount == 1:
                         return
@@ -443,7 +445,7 @@ class SQLStore:
         prefilter = _prefilter(wanted)
 
         def work() -> list[PendingRequest]:
-            with self._connection(write=False, single=False) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 start = 0
                 if after is not None:
                     row = conn.execute(self._sql.seq, {"id": after}).fetchone()
@@ -461,7 +463,7 @@ class SQLStore:
         """Every decision recorded for the run's checkpoints, oldest first."""
 
         def work() -> list[Decision]:
-            with self._connection(write=False, single=True) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 rows = conn.execute(self._sql.decisions, {"run_id": run_id}).fetchall()
             found = [record.decision for record in _records(rows)]
             found.sort(key=lambda decision: decision.decided_at)
@@ -491,7 +493,7 @@ class SQLStore:
         params = {"age": float(age)}
 
         def work() -> int:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 conn.execute(self._sql.purge_records, params)
                 purged: int = conn.execute(self._sql.purge, params).rowcount
             return purged

@@ -349,14 +349,14 @@ class SQLiteCheckpointStore(SQLStore):
             self._idle.append(conn)
 
     @contextmanager
-    def _connection(self, *, write: bool, single: bool) -> Iterator[sqlite3.Connection]:
+    def _connection(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
         # Every write takes the write lock up front (BEGIN IMMEDIATE), so it waits for
         # other writers with the busy timeout instead of failing half-way.
         conn = self._take()
         try:
             if write:
                 conn.execute(BEGIN_IMMEDIATE)
-            elif not single:
+            elif atomic:
                 conn.execute(BEGIN)
             try:
                 yield conn
