@@ -108,7 +108,9 @@ async def test_lease_times_come_from_the_server() -> None:
 async def test_connect_kwargs_reach_the_connections() -> None:
     conninfo = await schema()
     kwargs = {"prepare_threshold": None}
-    async with PostgresCheckpointStore(conninfo, connect_kwargs=kwargs, min_size=0) as store:
+    async with PostgresCheckpointStore(
+        conninfo, connect_kwargs=kwargs, min_size=0, check_connections=False
+    ) as store:
         await store.save(checkpoint())
         assert store._pool is not None
         with store._pool.connection() as conn:

@@ -22,6 +22,9 @@ import anyio
 import pytest
 from _postgres import fresh_schema
 
+# Starting Python processes on a busy machine is slow; none of these waits on a clock.
+pytestmark = pytest.mark.timeout(180)
+
 WORKER = str(Path(__file__).with_name("_worker.py"))
 SHORT_LEASE = "0.6"
 
