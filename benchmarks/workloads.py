@@ -441,6 +441,7 @@ async def bench_w3(counts: Counts) -> Outcome:
             "floor_output": last["floor"]["output"],
             "floor_checkpoint_json": last["floor_json"],
             "floor_store_size": len(floor_runtime.store),
+            "floor_journal": (len(floor_runtime.records), len(floor_runtime.outcomes)),
         },
     )
 
@@ -516,7 +517,7 @@ async def bench_w4(counts: Counts) -> Outcome:
 
     runlet_held, _ = await traced_retained(runlet_checkpoints)
     floor_held, _ = await traced_retained(floor_checkpoints)
-    sample = next(iter(store._checkpoints.values()))
+    sample = next(iter(store._entries.values())).checkpoint
     return Outcome(
         figures=[
             Figure(

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError
 from ._human import Decision, HumanOption, HumanRequest
 from ._messages import Message, ToolCall, ToolResult, Usage
+from ._tools import show_arguments
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -79,7 +81,7 @@ class Checkpoint:
 
     @property
     def open_requests(self) -> tuple[HumanRequest, ...]:
-        """Every open request, in call order: :attr:`request` first."""
+        """All open requests in call order, starting with :attr:`request`."""
         if not self.more_requests:
             return (self.request,)
         return (self.request, *self.more_requests)
@@ -137,6 +139,12 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
         _check_json(decision.metadata, f"decisions[{index}].metadata")
 
 
+# Checkpoint objects already found to hang together (by id, with a weak reference to
+# rule out a reused id). Checkpoints are frozen, so a check holds for the object's life;
+# the resume of a checkpoint just structured from JSON then does not check it twice.
+_verified: dict[int, weakref.ref[Checkpoint]] = {}
+
+
 def check_integrity(checkpoint: Checkpoint) -> None:
     """Refuse a checkpoint that does not hang together, so no resume ever runs a call with
     arguments the person was not shown, or fails halfway with an IndexError.
@@ -144,6 +152,16 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     Raises:
         CheckpointSerializationError: Naming the inconsistency and where it is.
     """
+    known = _verified.get(id(checkpoint))
+    if known is not None and known() is checkpoint:
+        return
+    _check_integrity(checkpoint)
+    if len(_verified) >= 4096:
+        _verified.clear()
+    _verified[id(checkpoint)] = weakref.ref(checkpoint)
+
+
+def _check_integrity(checkpoint: Checkpoint) -> None:
     transcript = checkpoint.transcript
     if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
         _broken("transcript", "must end with the assistant message whose tool calls wait")
@@ -160,12 +178,14 @@ def check_integrity(checkpoint: Checkpoint) -> None:
         )
     seen: set[str] = set()
     for index, (call, request) in enumerate(zip(pending, requests, strict=True)):
-        where = f"pending_tool_calls[{index}]"
         made = calls.get(call.id)
         if made is None or made.name != call.name:
-            _broken(where, f"call {call.id!r} ({call.name}) is not in the last assistant message")
+            _broken(
+                f"pending_tool_calls[{index}]",
+                f"call {call.id!r} ({call.name}) is not in the last assistant message",
+            )
         if call.id in seen:
-            _broken(where, f"call {call.id!r} is pending twice")
+            _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
         seen.add(call.id)
         if request.tool_call != call:
             name = "request" if index == 0 else f"more_requests[{index - 1}]"
@@ -177,7 +197,11 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     if len({request.id for request in requests}) != len(requests):
         _broken("more_requests", "two open requests share an id")
     for index, result in enumerate(checkpoint.results):
-        where = f"results[{index}]"
+        where = (
+            f"results[{index}]"
+            if result.tool_call_id in seen or result.tool_call_id not in calls
+            else ""
+        )
         if result.tool_call_id not in calls:
             _broken(
                 where,
@@ -277,7 +301,12 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     # The version is written even though it equals its default: readers rely on it.
     converter.register_unstructure_hook(
         Checkpoint,
-        make_dict_unstructure_fn(Checkpoint, converter, _cattrs_omit_if_default=False),
+        make_dict_unstructure_fn(
+            Checkpoint,
+            converter,
+            _cattrs_omit_if_default=True,
+            version=override(omit_if_default=False),
+        ),
     )
     return converter
 
@@ -342,12 +371,41 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
 
 
 def _migrate_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 made the request for a later pending call only when the run reached it;
+    version 2 holds one open request per pending call. Migrated requests get stable ids
+    (so loading twice gives the same ids) and the default prompt."""
     migrated = dict(data)
     migrated["version"] = CHECKPOINT_VERSION
     request = migrated.get("request")
     if isinstance(request, Mapping) and "created_at" not in request:
         migrated["request"] = {**request, "created_at": _V1_CREATED_AT}
+    pending = migrated.get("pending_tool_calls")
+    if isinstance(pending, list) and len(pending) > 1 and "more_requests" not in migrated:
+        migrated["more_requests"] = [
+            _v1_request(call, f"req_{migrated.get('id')}_{index}")
+            for index, call in enumerate(pending[1:], start=1)
+        ]
     return migrated
+
+
+def _v1_request(call: Any, request_id: str) -> Any:
+    if not isinstance(call, Mapping):
+        return call  # malformed: structuring says where
+    arguments = call.get("arguments") or {}
+    request: dict[str, Any] = {"id": request_id, "tool_call": call, "created_at": _V1_CREATED_AT}
+    kind = arguments.get("kind") if isinstance(arguments, Mapping) else None
+    if call.get("name") == "ask_human" and kind in ("choice", "input"):
+        request.update(kind=kind, prompt=arguments.get("prompt", ""))
+        if kind == "choice":
+            request["options"] = [
+                {key: option[key] for key in ("id", "label", "description") if key in option}
+                for option in arguments.get("options", ())
+                if isinstance(option, Mapping)
+            ]
+    else:
+        shown = show_arguments(arguments if isinstance(arguments, Mapping) else {})
+        request.update(kind="approval", prompt=f"Allow {call.get('name')} with {shown}?")
+    return request
 
 
 T = TypeVar("T")

@@ -12,6 +12,7 @@ Two protocols:
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -297,9 +298,25 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         ...
 
 
+_TOKENS = itertools.count()
+_PROCESS = os.urandom(8).hex()
+
+
+def _new_process() -> None:
+    # A forked worker (gunicorn, multiprocessing) must not repeat its parent's tokens.
+    global _PROCESS, _TOKENS
+    _PROCESS = os.urandom(8).hex()
+    _TOKENS = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process)
+
+
 def new_token() -> str:
-    """A fresh claim token."""
-    return os.urandom(16).hex()
+    """A fresh claim token: unique across processes (a random per-process prefix) and
+    within one (a counter), and cheap. Tokens fence writes; they are not secrets."""
+    return f"{_PROCESS}-{next(_TOKENS)}"
 
 
 def check_limit(limit: object) -> None:
@@ -409,14 +426,15 @@ class InMemoryCheckpointStore:
         """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
         entry = self._entry(checkpoint_id)
         status = entry.status
-        if status != "pending":
-            if status == "claimed" and self._held_now(entry):
+        if status == "claimed":
+            if self._held_now(entry):
                 raise CheckpointClaimedError(
                     f"Checkpoint {checkpoint_id!r} is being resumed by another caller right "
                     "now. Wait for that resume: it either resolves the checkpoint (then "
                     "repeating your response returns its result) or leaves it resumable.",
                     checkpoint_id=checkpoint_id,
                 )
+        elif status != "pending":
             _refuse_final(entry, checkpoint_id)
         entry.status = "claimed"
         entry.token = token = new_token()

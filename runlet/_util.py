@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 
 def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
     """Make the public names of *module_name* say they live there, so reprs, tracebacks
@@ -17,6 +19,10 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
         module = getattr(obj, "__module__", None)
         if module is None or not module.startswith(module_name + "._"):
             return
+        if isinstance(obj, type) and attrs.has(obj):
+            # String annotations are resolved in the defining module; after the move
+            # below they would be looked up in the package and fail.
+            attrs.resolve_types(obj)
         try:
             obj.__module__ = module_name
         except (AttributeError, TypeError):  # some typing constructs refuse

@@ -16,7 +16,11 @@ if _selected is not None and _selected not in _BACKENDS:
     raise pytest.UsageError(f"RUNLET_TEST_BACKEND must be one of {_BACKENDS}, not {_selected!r}")
 
 
-@pytest.fixture(params=[_selected] if _selected else _BACKENDS)
+BACKENDS: tuple[str, ...] = (_selected,) if _selected else _BACKENDS
+"""The backends this test run covers."""
+
+
+@pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

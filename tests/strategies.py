@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from hypothesis import strategies as st
 
 from runlet import (
     Checkpoint,
+    Decision,
     HumanOption,
     HumanRequest,
     HumanRequestKind,
@@ -19,11 +21,13 @@ from runlet import (
 
 __all__ = [
     "checkpoints",
+    "decisions",
     "human_options",
     "json_objects",
     "json_values",
     "messages",
     "not_json",
+    "times",
     "tool_calls",
     "transcripts",
 ]
@@ -79,6 +83,30 @@ _KINDS: tuple[HumanRequestKind, ...] = ("approval", "choice", "input")
 _counts = st.integers(min_value=0, max_value=2**40)
 
 
+times = st.datetimes(
+    min_value=datetime.datetime(2000, 1, 1),
+    max_value=datetime.datetime(2100, 1, 1),
+    timezones=st.just(datetime.timezone.utc),
+)
+"""Aware UTC times, as Runlet records them."""
+
+decisions = st.builds(
+    Decision,
+    request_id=ids,
+    checkpoint_id=ids,
+    tool_call_id=ids,
+    tool_name=ids,
+    kind=st.sampled_from(_KINDS),
+    action=st.sampled_from(["approve", "reject", "select", "submit", "expire"]),
+    value=st.none() | texts,
+    arguments=st.none() | json_objects,
+    edited=st.booleans(),
+    responded_by=st.none() | texts,
+    metadata=st.none() | json_objects,
+    decided_at=times,
+)
+
+
 @st.composite
 def checkpoints(
     draw: st.DrawFn,
@@ -86,8 +114,33 @@ def checkpoints(
     metadata: st.SearchStrategy[dict[str, Any]] = json_objects,
     options: st.SearchStrategy[dict[str, Any]] = json_objects,
 ) -> Checkpoint:
-    """Checkpoints with arbitrary JSON metadata, options, transcripts and requests."""
-    pending = draw(st.lists(tool_calls, min_size=1, max_size=3).map(tuple))
+    """Checkpoints that hang together (the last assistant message's calls are each either
+    answered or pending with one open request), with arbitrary JSON metadata, options,
+    earlier transcript, requests and decisions."""
+    calls = draw(st.lists(tool_calls, min_size=1, max_size=4, unique_by=lambda c: c.id))
+    waiting = draw(st.lists(st.booleans(), min_size=len(calls), max_size=len(calls)))
+    waiting[draw(st.integers(0, len(calls) - 1))] = True
+    pending = tuple(c for c, wait in zip(calls, waiting, strict=True) if wait)
+    results = tuple(
+        ToolResult(c.id, draw(texts), draw(st.booleans()))
+        for c, wait in zip(calls, waiting, strict=True)
+        if not wait
+    )
+    request_ids = draw(st.lists(ids, min_size=len(pending), max_size=len(pending), unique=True))
+    requests = [
+        HumanRequest(
+            request_id,
+            draw(st.sampled_from(_KINDS)),
+            draw(texts),
+            draw(human_options),
+            tool_call=c,
+            created_at=draw(times),
+            expires_at=draw(st.none() | times),
+            outcome_unknown=draw(st.booleans()),
+        )
+        for request_id, c in zip(request_ids, pending, strict=True)
+    ]
+    transcript = (*draw(transcripts), Message.assistant(draw(texts), calls))
     return Checkpoint(
         id=draw(ids),
         run_id=draw(ids),
@@ -95,16 +148,12 @@ def checkpoints(
         messages=draw(transcripts),
         options=draw(options),
         metadata=draw(metadata),
-        transcript=draw(transcripts),
-        results=draw(st.lists(tool_results, max_size=3).map(tuple)),
+        transcript=transcript,
+        results=results,
         pending_tool_calls=pending,
-        request=HumanRequest(
-            draw(ids),
-            draw(st.sampled_from(_KINDS)),
-            draw(texts),
-            draw(human_options),
-            tool_call=pending[0],
-        ),
+        request=requests[0],
+        more_requests=tuple(requests[1:]),
+        decisions=tuple(draw(st.lists(decisions, max_size=2))),
         usage=draw(st.builds(Usage, _counts, _counts, _counts)),
         turns=draw(_counts),
     )

@@ -42,6 +42,7 @@ from runlet.testing import ScriptedModel, call
 pytestmark = pytest.mark.anyio
 
 GOLDEN = Path(__file__).parent / "data" / "checkpoint-v1.json"
+GOLDEN_V2 = Path(__file__).parent / "data" / "checkpoint-v2.json"
 
 ORDER_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -122,7 +123,7 @@ async def test_checkpoint_holds_the_whole_suspended_run() -> None:
 
     assert result.interruption is not None
     assert result.checkpoint_id == checkpoint.id
-    assert CHECKPOINT_VERSION == checkpoint.version == 1
+    assert CHECKPOINT_VERSION == checkpoint.version == 2
     assert result.run_id == checkpoint.run_id
     assert "support" == checkpoint.agent_name
     assert (Message.system("Be careful."), Message.user("Refund 9.")) == checkpoint.messages
@@ -146,21 +147,28 @@ async def test_checkpoint_data_holds_no_callables_and_is_plain_json() -> None:
 
     assert is_plain_json(data)
     assert data == json.loads(json.dumps(data))
-    assert 1 == data["version"]
+    assert 2 == data["version"]
     assert "handler" not in json.dumps(data)
 
 
 async def test_checkpoint_is_saved_before_the_interruption_is_reported() -> None:
-    log: list[tuple[str, str]] = []
+    log: list[tuple[str, ...]] = []
 
     class RecordingStore(InMemoryCheckpointStore):
         async def save(self, checkpoint: Checkpoint) -> None:
             log.append(("save", checkpoint.id))
             await super().save(checkpoint)
 
-        async def delete(self, checkpoint_id: str) -> None:
-            log.append(("delete", checkpoint_id))
-            await super().delete(checkpoint_id)
+        async def resolve(
+            self,
+            checkpoint_id: str,
+            token: str,
+            resolution: runlet.Resolution,
+            next_checkpoint: Checkpoint | None = None,
+        ) -> None:
+            assert next_checkpoint is not None
+            log.append(("resolve", checkpoint_id, next_checkpoint.id))
+            await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
 
     store = RecordingStore()
     tools = Tools()
@@ -178,15 +186,24 @@ async def test_checkpoint_is_saved_before_the_interruption_is_reported() -> None
     assert first.checkpoint_id is not None
     assert [("save", first.checkpoint_id), ("reported", first.checkpoint_id)] == log
 
-    second = await rt.resume(
+    async with rt.stream_resume(
         agent,
         checkpoint_id=first.checkpoint_id,
         response=HumanResponse(first.interruption.id, "approve"),
-    )
-    # The new checkpoint is saved before the old one is retired, as the last step.
+    ) as stream:
+        async for event in stream:
+            if isinstance(event, runlet.Interrupted):
+                assert event.checkpoint_id in store
+                log.append(("reported", event.checkpoint_id))
+    second = stream.result
+    # The next checkpoint is saved in the same step that resolves the old one, and only
+    # then reported.
     assert second.checkpoint_id is not None
-    assert ("save", second.checkpoint_id) == log[2]
-    assert [("delete", first.checkpoint_id)] == log[3:]
+    assert [
+        ("resolve", first.checkpoint_id, second.checkpoint_id),
+        ("reported", second.checkpoint_id),
+    ] == log[2:]
+    assert first.checkpoint_id not in store
 
 
 async def test_a_failing_save_reports_no_interruption() -> None:
@@ -278,7 +295,7 @@ def _drop(key: str) -> Callable[[dict[str, Any]], None]:
 
 MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str]] = [
     ("no-version", _drop("version"), "version", "has no 'version' field"),
-    ("version-2", _set(("version",), 2), "version", "version 2 is not supported"),
+    ("version-3", _set(("version",), 3), "version", "version 3 is not supported"),
     ("version-0", _set(("version",), 0), "version", "version 0 is not supported"),
     ("version-str", _set(("version",), "1"), "version", "version '1' is not supported"),
     ("version-bool", _set(("version",), True), "version", "version True is not supported"),
@@ -355,12 +372,12 @@ def test_structure_refuses_something_that_is_not_a_mapping(data: Any) -> None:
 # --- The version-1 golden file -----------------------------------------------------------
 
 
-def test_golden_v1_checkpoint_keeps_loading_unchanged() -> None:
+def test_golden_v1_checkpoint_keeps_loading_migrated_to_v2() -> None:
     data = _golden()
 
     checkpoint = structure_checkpoint(data)
 
-    assert ("cp_golden", 1, "run_golden", "support") == (
+    assert ("cp_golden", 2, "run_golden", "support") == (
         checkpoint.id,
         checkpoint.version,
         checkpoint.run_id,
@@ -376,16 +393,43 @@ def test_golden_v1_checkpoint_keeps_loading_unchanged() -> None:
             "approval",
             'Allow refund with {"order_id": "123"}?',
             tool_call=ToolCall("call_refund", "refund", {"order_id": "123"}),
+            created_at=datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc),
         )
         == checkpoint.request
     )
+    # Version 1 made a later call's request only when the run reached it; migration
+    # makes it now, with a stable id.
+    [ask] = checkpoint.more_requests
+    assert ("req_cp_golden_1", "choice", "call_ask") == (ask.id, ask.kind, ask.tool_call.id)
+    assert ("email", "sms") == tuple(option.id for option in ask.options)
+    assert ask == structure_checkpoint(_golden()).more_requests[0]
     assert ["call_refund", "call_ask"] == [c.id for c in checkpoint.pending_tool_calls]
     assert (ToolResult("call_notify", checkpoint.results[0].content, is_error=True),) == (
         checkpoint.results
     )
     assert Usage(input_tokens=240, output_tokens=60, requests=2) == checkpoint.usage
     assert 2 == checkpoint.turns
-    # Writing it again gives the same document, so the format has not drifted.
+    # Written again, it is version-2 data that reads back equal.
+    again = unstructure_checkpoint(checkpoint)
+    assert 2 == again["version"]
+    assert checkpoint == structure_checkpoint(json.loads(json.dumps(again)))
+
+
+def test_golden_v2_checkpoint_writes_back_unchanged() -> None:
+    data = json.loads(GOLDEN_V2.read_text())
+
+    checkpoint = structure_checkpoint(data)
+
+    assert 2 == checkpoint.version
+    assert datetime.datetime(2026, 12, 1, 9, 0, tzinfo=datetime.timezone.utc) == (
+        checkpoint.request.expires_at
+    )
+    [decision] = checkpoint.decisions
+    assert ("approve", "ops@example.com", {"ticket": 42}) == (
+        decision.action,
+        decision.responded_by,
+        decision.metadata,
+    )
     assert data == unstructure_checkpoint(checkpoint)
 
 
@@ -501,7 +545,7 @@ async def test_a_store_that_keeps_only_json_text_works_end_to_end() -> None:
 
     rows: dict[str, str] = {}
     assert isinstance(JsonStore(rows), runlet.CheckpointStore)
-    assert not isinstance(JsonStore(rows), runlet.ClaimingCheckpointStore)
+    assert not isinstance(JsonStore(rows), runlet.DurableCheckpointStore)
     model_a = ScriptedModel([call("ask_human", id="c1", kind="input", prompt="Which order?")])
     first = await Runtime(checkpoint_store=JsonStore(rows)).run(
         Tools().agent(model_a), "Refund my order.", options={"seed": 1}
@@ -550,6 +594,8 @@ def test_any_transcript_round_trips(
     transcript: tuple[Message, ...], messages: tuple[Message, ...]
 ) -> None:
     checkpoint = structure_checkpoint(_golden())
+    # A checkpoint's transcript ends with the message whose calls wait.
+    transcript = (*transcript, checkpoint.transcript[-1])
     changed = attrs.evolve(checkpoint, transcript=transcript, messages=messages)
 
     again = roundtrip(changed)

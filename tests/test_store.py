@@ -20,7 +20,7 @@ from runlet import (
     CheckpointClaimedError,
     CheckpointNotFoundError,
     CheckpointStore,
-    ClaimingCheckpointStore,
+    DurableCheckpointStore,
     HumanResponse,
     InMemoryCheckpointStore,
     Runtime,
@@ -82,29 +82,34 @@ async def interrupted(
     )
 
 
-# --- InMemoryCheckpointStore -------------------------------------------------------------
+# --- InMemoryCheckpointStore (the conformance suite covers the protocol) -----------------
 
 
 class TestInMemoryCheckpointStore:
-    def test_is_a_claiming_checkpoint_store(self) -> None:
+    def test_is_a_durable_checkpoint_store(self) -> None:
         store = InMemoryCheckpointStore()
         assert isinstance(store, CheckpointStore)
-        assert isinstance(store, ClaimingCheckpointStore)
+        assert isinstance(store, DurableCheckpointStore)
+        assert store.lease is None
+        assert "InMemoryCheckpointStore(lease=None)" == repr(store)
 
-    async def test_save_load_delete(self) -> None:
+    @pytest.mark.parametrize("lease", [-1, "5", float("inf"), True])
+    def test_a_bad_lease_is_refused(self, lease: object) -> None:
+        with pytest.raises(runlet.ConfigurationError, match="lease"):
+            InMemoryCheckpointStore(lease=lease)  # type: ignore[arg-type]
+
+    async def test_len_and_in_count_only_open_checkpoints(self) -> None:
         store = InMemoryCheckpointStore()
-        checkpoint = golden("cp_1")
-
-        await store.save(checkpoint)
-
+        await store.save(golden("cp_1"))
+        await store.save(golden("cp_2"))
+        assert 2 == len(store)
+        await store.cancel("cp_2")
         assert 1 == len(store)
         assert "cp_1" in store
-        assert checkpoint == await store.load("cp_1")
-        await store.delete("cp_1")
-        assert 0 == len(store)
-        assert "cp_1" not in store
+        assert "cp_2" not in store
+        assert 3 not in store
 
-    async def test_save_replaces_a_checkpoint_with_the_same_id(self) -> None:
+    async def test_save_replaces_the_data_of_a_checkpoint_with_the_same_id(self) -> None:
         store = InMemoryCheckpointStore()
         await store.save(golden("cp_1"))
         newer = attrs.evolve(golden("cp_1"), turns=9)
@@ -114,66 +119,12 @@ class TestInMemoryCheckpointStore:
         assert newer == await store.load("cp_1")
         assert 1 == len(store)
 
-    async def test_load_of_an_unknown_id_raises_not_found(self) -> None:
-        with pytest.raises(CheckpointNotFoundError, match="No checkpoint 'cp_x'") as info:
-            await InMemoryCheckpointStore().load("cp_x")
-        assert "cp_x" == info.value.checkpoint_id
-        assert isinstance(info.value, runlet.RunletError)
-
-    async def test_delete_of_an_unknown_id_does_nothing(self) -> None:
+    async def test_list_pending_refuses_a_bad_limit_and_an_unknown_after(self) -> None:
         store = InMemoryCheckpointStore()
-        await store.save(golden("cp_1"))
-
-        await store.delete("cp_x")
-
-        assert 1 == len(store)
-
-    async def test_claim_returns_the_checkpoint_once_until_released(self) -> None:
-        store = InMemoryCheckpointStore()
-        checkpoint = golden("cp_1")
-        await store.save(checkpoint)
-
-        assert checkpoint == await store.claim("cp_1")
-        with pytest.raises(CheckpointClaimedError, match="being resumed") as info:
-            await store.claim("cp_1")
-        assert "cp_1" == info.value.checkpoint_id
-        # A claimed checkpoint can still be loaded (to show it, say).
-        assert checkpoint == await store.load("cp_1")
-
-        await store.release("cp_1")
-        assert checkpoint == await store.claim("cp_1")
-
-    async def test_claims_are_per_checkpoint(self) -> None:
-        store = InMemoryCheckpointStore()
-        await store.save(golden("cp_1"))
-        await store.save(golden("cp_2"))
-
-        await store.claim("cp_1")
-
-        assert golden("cp_2") == await store.claim("cp_2")
-
-    async def test_claim_of_an_unknown_id_raises_not_found(self) -> None:
+        with pytest.raises(runlet.ConfigurationError, match="limit"):
+            await store.list_pending(limit=0)
         with pytest.raises(CheckpointNotFoundError):
-            await InMemoryCheckpointStore().claim("cp_x")
-
-    async def test_delete_drops_the_claim_too(self) -> None:
-        store = InMemoryCheckpointStore()
-        await store.save(golden("cp_1"))
-        await store.claim("cp_1")
-
-        await store.delete("cp_1")
-        await store.save(golden("cp_1"))
-
-        assert golden("cp_1") == await store.claim("cp_1")
-
-    async def test_release_of_an_unclaimed_id_does_nothing(self) -> None:
-        store = InMemoryCheckpointStore()
-        await store.save(golden("cp_1"))
-
-        await store.release("cp_1")
-        await store.release("cp_x")
-
-        assert golden("cp_1") == await store.claim("cp_1")
+            await store.list_pending(after="cp_missing")
 
 
 # --- Exactly-once resume -----------------------------------------------------------------
@@ -206,18 +157,26 @@ async def test_two_concurrent_resumes_run_the_tool_once() -> None:
     assert [f"claimed {checkpoint_id}", "completed"] == outcomes
     assert ["1"] == handler.calls
     assert 0 == len(store)
+    # The loser can repeat its request once the winner finished: it gets the result.
+    again = await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
+    assert ("completed", ["1"]) == (again.status, handler.calls)
 
 
-async def test_a_resolved_checkpoint_cannot_be_resumed_again() -> None:
+async def test_a_resolved_checkpoint_answers_a_repeat_with_the_stored_result() -> None:
     store = InMemoryCheckpointStore()
     rt, agent, handler, checkpoint_id, response = await interrupted(store)
     result = await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
     assert "completed" == result.status
 
-    with pytest.raises(CheckpointNotFoundError, match="already finished") as info:
-        await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
+    assert result == await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
 
-    assert isinstance(info.value, runlet.RunletError)
+    with pytest.raises(runlet.HumanResponseConflictError, match="already resolved") as info:
+        await rt.resume(
+            agent,
+            checkpoint_id=checkpoint_id,
+            response=HumanResponse(response.request_id, "reject"),
+        )
+    assert checkpoint_id == info.value.checkpoint_id
     assert ["1"] == handler.calls
 
 
@@ -230,9 +189,8 @@ async def test_a_failed_resume_releases_its_claim() -> None:
             agent, checkpoint_id=checkpoint_id, response=HumanResponse("req_wrong", "approve")
         )
 
-    # Nobody holds the claim any more.
-    assert checkpoint_id == (await store.claim(checkpoint_id)).id
-    await store.release(checkpoint_id)
+    # A wrong answer never claimed anything.
+    assert "pending" == (await store.get(checkpoint_id)).status
     result = await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
     assert "completed" == result.status
     assert ["1"] == handler.calls
@@ -252,10 +210,13 @@ async def test_a_cancelled_resume_releases_its_claim() -> None:
             group.cancel_scope.cancel()
 
     assert group.cancel_scope.cancelled_caught
+    assert "pending" == (await store.get(checkpoint_id)).status  # the claim was released
     handler.release = None
+    # Cut off inside the handler: not run again on its own, but asked about again.
     result = await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
-    assert "completed" == result.status
-    assert ["1", "1"] == handler.calls
+    assert result.interruption is not None
+    assert result.interruption.outcome_unknown
+    assert ["1"] == handler.calls
 
 
 async def test_a_store_without_claims_is_loaded_and_retired() -> None:
@@ -280,7 +241,7 @@ async def test_a_store_without_claims_is_loaded_and_retired() -> None:
             await self.inner.delete(checkpoint_id)
 
     store = PlainStore()
-    assert not isinstance(store, ClaimingCheckpointStore)
+    assert not isinstance(store, DurableCheckpointStore)
     rt, agent, handler, checkpoint_id, response = await interrupted(store)
 
     with pytest.raises(runlet.HumanResponseError):

@@ -17,13 +17,25 @@ A script item can be a ``str`` (a final answer), a :class:`~runlet.ToolCall` (ma
 :class:`~runlet.ModelResponse`, or a function of the :class:`~runlet.ModelRequest`
 returning any of those (sync or async). Instead of a list, the whole script can be one
 such function, consulted for every request.
+
+:func:`store_conformance_tests` turns a store factory into a pytest test class that checks
+a :class:`~runlet.DurableCheckpointStore` implementation against Runlet's guarantees.
 """
 
 from __future__ import annotations
 
+from ._conformance import StoreFactory as StoreFactory
+from ._conformance import store_conformance_tests as store_conformance_tests
 from ._scripted import ScriptedModel as ScriptedModel
 from ._scripted import ScriptExhaustedError as ScriptExhaustedError
 from ._scripted import ScriptItem as ScriptItem
 from ._scripted import call as call
 
-__all__ = ["ScriptExhaustedError", "ScriptItem", "ScriptedModel", "call"]
+__all__ = [
+    "ScriptExhaustedError",
+    "ScriptItem",
+    "ScriptedModel",
+    "StoreFactory",
+    "call",
+    "store_conformance_tests",
+]

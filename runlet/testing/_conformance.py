@@ -1,0 +1,577 @@
+"""The store conformance suite: what every :class:`~runlet.DurableCheckpointStore` must do.
+
+Runlet's own stores run it, and so can the author of any other store::
+
+    # tests/test_my_store.py
+    from contextlib import asynccontextmanager
+    from runlet.testing import store_conformance_tests
+
+    @asynccontextmanager
+    async def my_store(lease: float):
+        async with MyStore(dsn, lease=lease) as store:
+            await store.clear()          # each test starts from an empty store
+            yield store
+
+    TestMyStore = store_conformance_tests(my_store)
+
+The factory gets the lease in seconds. ``lease=0`` must make every claim expire at once
+(another claim takes it over), which is how the suite tests takeover without sleeping.
+Every test runs once per backend in *backends* (asyncio and trio by default).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import anyio
+
+from .._agent import Agent
+from .._checkpoint import Checkpoint, structure, unstructure
+from .._errors import (
+    CheckpointCancelledError,
+    CheckpointClaimedError,
+    CheckpointNotFoundError,
+    CheckpointResolvedError,
+    HumanRequestExpiredError,
+    HumanResponseConflictError,
+    LeaseLostError,
+)
+from .._human import Decision, HumanRequest, HumanResponse
+from .._messages import Message, ToolCall, ToolResult, Usage
+from .._result import RunResult
+from .._runtime import Runtime
+from .._store import CallRecord, DurableCheckpointStore, PendingRequest, Resolution
+from .._tools import ToolContext, ToolSpec
+from ._scripted import ScriptedModel, call
+
+__all__ = ["StoreFactory", "store_conformance_tests"]
+
+StoreFactory = Callable[[float], AbstractAsyncContextManager[DurableCheckpointStore]]
+"""``factory(lease)`` → an async context manager yielding a fresh, empty store."""
+
+_UTC = datetime.timezone.utc
+_T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=_UTC)
+_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["order_id"],
+    "properties": {"order_id": {"type": "string"}},
+}
+
+
+def sample_checkpoint(
+    checkpoint_id: str,
+    *,
+    run_id: str = "run_1",
+    agent_name: str = "support",
+    metadata: Mapping[str, Any] | None = None,
+    minute: int = 0,
+) -> Checkpoint:
+    """A small checkpoint that hangs together: one approval pending for ``refund``."""
+    pending = ToolCall(f"call_{checkpoint_id}", "refund", {"order_id": checkpoint_id})
+    transcript = (Message.user("Refund it."), Message.assistant("", (pending,)))
+    return Checkpoint(
+        id=checkpoint_id,
+        run_id=run_id,
+        agent_name=agent_name,
+        messages=transcript[:1],
+        options={"temperature": 0.5},
+        metadata=dict(metadata or {"tenant": "acme", "user": {"id": 7, "tags": ["a", "b"]}}),
+        transcript=transcript,
+        pending_tool_calls=(pending,),
+        request=HumanRequest(
+            f"req_{checkpoint_id}",
+            "approval",
+            "Allow refund?",
+            tool_call=pending,
+            created_at=_T0 + datetime.timedelta(minutes=minute),
+        ),
+        usage=Usage(10, 2, 1),
+        turns=1,
+    )
+
+
+def sample_decision(checkpoint: Checkpoint, *, minute: int = 1) -> Decision:
+    """An approval of *checkpoint*'s request, as the runtime records it."""
+    request = checkpoint.request
+    return Decision(
+        request_id=request.id,
+        checkpoint_id=checkpoint.id,
+        tool_call_id=request.tool_call.id,
+        tool_name=request.tool_call.name,
+        kind="approval",
+        action="approve",
+        arguments=dict(request.tool_call.arguments),
+        responded_by="ops@example.com",
+        metadata={"ticket": 42},
+        decided_at=_T0 + datetime.timedelta(minutes=minute),
+    )
+
+
+def sample_resolution(checkpoint: Checkpoint, next_id: str | None = None) -> Resolution:
+    """A resolution of *checkpoint*: completed, or interrupted at *next_id*."""
+    decision = sample_decision(checkpoint)
+    result = RunResult(
+        status="interrupted" if next_id else "completed",
+        output=None if next_id else "Done.",
+        checkpoint_id=next_id,
+        transcript=checkpoint.transcript,
+        usage=Usage(20, 4, 2),
+        run_id=checkpoint.run_id,
+        decisions=(decision,),
+    )
+    return Resolution(decisions=(decision,), result=result, resolved_at=_T0)
+
+
+def store_conformance_tests(
+    factory: StoreFactory, *, backends: tuple[str, ...] = ("asyncio", "trio")
+) -> type:
+    """A pytest test class that checks a :class:`~runlet.DurableCheckpointStore`.
+
+    Assign it to a name starting with ``Test`` in a test module. Needs pytest and the
+    anyio pytest plugin (installed with anyio), and trio for the trio backend.
+
+    Args:
+        factory: ``factory(lease)`` returns an async context manager that yields a fresh,
+            empty store whose claims last *lease* seconds.
+        backends: The anyio backends to run every test on.
+    """
+    import pytest
+
+    class StoreConformance:
+        pytestmark = pytest.mark.anyio
+
+        @pytest.fixture(params=backends)
+        def anyio_backend(self, request: Any) -> str:
+            return str(request.param)
+
+        @pytest.fixture
+        async def store(self) -> AsyncIterator[DurableCheckpointStore]:
+            async with factory(60.0) as store:
+                yield store
+
+        @pytest.fixture
+        async def quick(self) -> AsyncIterator[DurableCheckpointStore]:
+            """A store whose claims expire at once (lease 0)."""
+            async with factory(0.0) as store:
+                yield store
+
+        # --- The three-method protocol ---------------------------------------------
+
+        async def test_is_a_durable_store(self, store: DurableCheckpointStore) -> None:
+            assert isinstance(store, DurableCheckpointStore)
+            assert store.lease == 60.0
+
+        async def test_save_then_load_gives_an_equal_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            assert checkpoint == await store.load("cp_1")
+
+        async def test_load_of_an_unknown_id_raises_not_found(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            with pytest.raises(CheckpointNotFoundError) as info:
+                await store.load("cp_missing")
+            assert info.value.checkpoint_id == "cp_missing"
+            assert not isinstance(info.value, CheckpointCancelledError)
+
+        async def test_delete_forgets_and_ignores_unknown_ids(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            await store.delete("cp_1")
+            await store.delete("cp_1")
+            with pytest.raises(CheckpointNotFoundError):
+                await store.get("cp_1")
+
+        # --- Claims ------------------------------------------------------------------
+
+        async def test_a_saved_checkpoint_is_pending(self, store: DurableCheckpointStore) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            stored = await store.get("cp_1")
+            assert (checkpoint, "pending", (), None) == (
+                stored.checkpoint,
+                stored.status,
+                stored.records,
+                stored.resolution,
+            )
+
+        async def test_claim_returns_the_checkpoint_and_holds_it(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            assert checkpoint == claim.checkpoint
+            assert claim.token
+            assert (await store.get("cp_1")).status == "claimed"
+            with pytest.raises(CheckpointClaimedError) as info:
+                await store.claim("cp_1")
+            assert info.value.checkpoint_id == "cp_1"
+
+        async def test_claim_of_an_unknown_id_raises_not_found(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            with pytest.raises(CheckpointNotFoundError):
+                await store.claim("cp_missing")
+
+        async def test_exactly_one_of_many_concurrent_claimers_wins(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            won: list[str] = []
+            refused: list[BaseException] = []
+
+            async def claimer() -> None:
+                try:
+                    won.append((await store.claim("cp_1")).token)
+                except CheckpointClaimedError as exc:
+                    refused.append(exc)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(16):
+                    group.start_soon(claimer)
+            assert len(won) == 1
+            assert len(refused) == 15
+
+        async def test_release_makes_it_claimable_again_and_keeps_records(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            first = await store.claim("cp_1")
+            record = CallRecord(
+                tool_call_id=checkpoint.request.tool_call.id,
+                decision=sample_decision(checkpoint),
+            )
+            await store.record("cp_1", first.token, [record])
+            await store.release("cp_1", first.token)
+            assert (await store.get("cp_1")).status == "pending"
+
+            second = await store.claim("cp_1")
+            assert first.token != second.token
+            assert (record,) == second.records
+
+        async def test_an_expired_lease_is_taken_over_and_the_old_token_is_refused(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            old = await quick.claim("cp_1")
+            new = await quick.claim("cp_1")  # lease 0: taken over at once
+            assert old.token != new.token
+            record = CallRecord(
+                tool_call_id=checkpoint.request.tool_call.id,
+                decision=sample_decision(checkpoint),
+            )
+            with pytest.raises(LeaseLostError):
+                await quick.record("cp_1", old.token, [record])
+            with pytest.raises(LeaseLostError):
+                await quick.renew("cp_1", old.token)
+            with pytest.raises(LeaseLostError):
+                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint))
+            await quick.release("cp_1", old.token)  # a stale release changes nothing
+            await quick.record("cp_1", new.token, [record])
+            stored = await quick.get("cp_1")
+            assert ("claimed", (record,)) == (stored.status, stored.records)
+
+        async def test_a_live_lease_is_renewed(self, store: DurableCheckpointStore) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            claim = await store.claim("cp_1")
+            await store.renew("cp_1", claim.token)
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")
+            with pytest.raises(LeaseLostError):
+                await store.renew("cp_1", "not-the-token")
+
+        # --- Records and resolution --------------------------------------------------
+
+        async def test_records_are_replaced_by_call_id(self, store: DurableCheckpointStore) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            call_id = checkpoint.request.tool_call.id
+            started = CallRecord(tool_call_id=call_id, decision=sample_decision(checkpoint))
+            finished = CallRecord(
+                tool_call_id=call_id,
+                decision=sample_decision(checkpoint),
+                result=ToolResult(call_id, "Refunded.", False),
+            )
+            await store.record("cp_1", claim.token, [started])
+            await store.record("cp_1", claim.token, [finished])
+            assert (finished,) == (await store.get("cp_1")).records
+
+        async def test_resolve_stores_the_outcome_and_the_next_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            follow_up = sample_checkpoint("cp_2", minute=5)
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            resolution = sample_resolution(checkpoint, next_id="cp_2")
+
+            await store.resolve("cp_1", claim.token, resolution, follow_up)
+
+            stored = await store.get("cp_1")
+            assert ("resolved", resolution) == (stored.status, stored.resolution)
+            assert follow_up == await store.load("cp_2")
+            assert (await store.get("cp_2")).status == "pending"
+            with pytest.raises(CheckpointResolvedError) as info:
+                await store.claim("cp_1")
+            assert resolution == info.value.resolution
+            with pytest.raises(CheckpointResolvedError):
+                await store.cancel("cp_1")
+
+        async def test_decisions_are_listed_by_run_oldest_first(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            later = sample_checkpoint("cp_2")
+            earlier = sample_checkpoint("cp_1")
+            other = sample_checkpoint("cp_3", run_id="run_2")
+            for checkpoint, minute in ((later, 9), (earlier, 3), (other, 1)):
+                await store.save(checkpoint)
+                claim = await store.claim(checkpoint.id)
+                decision = sample_decision(checkpoint, minute=minute)
+                record = CallRecord(tool_call_id=decision.tool_call_id, decision=decision)
+                await store.record(checkpoint.id, claim.token, [record])
+            decisions = await store.decisions("run_1")
+            assert [d.checkpoint_id for d in decisions] == ["cp_1", "cp_2"]
+            assert sample_decision(earlier, minute=3) == decisions[0]
+            assert list(await store.decisions("run_none")) == []
+
+        # --- Cancellation ------------------------------------------------------------
+
+        async def test_cancel_retires_a_pending_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            await store.cancel("cp_1")
+            await store.cancel("cp_1")  # twice is fine
+            assert (await store.get("cp_1")).status == "cancelled"
+            with pytest.raises(CheckpointCancelledError):
+                await store.claim("cp_1")
+            with pytest.raises(CheckpointCancelledError):
+                await store.load("cp_1")
+            assert list(await store.list_pending()) == []
+
+        async def test_cancel_refuses_a_held_claim_and_unknown_ids(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            await store.claim("cp_1")
+            with pytest.raises(CheckpointClaimedError):
+                await store.cancel("cp_1")
+            with pytest.raises(CheckpointNotFoundError):
+                await store.cancel("cp_missing")
+
+        # --- Listing -----------------------------------------------------------------
+
+        async def test_list_pending_pages_oldest_first(self, store: DurableCheckpointStore) -> None:
+            for index in range(7):
+                await store.save(sample_checkpoint(f"cp_{index}", minute=index))
+            pages: list[list[str]] = []
+            after: str | None = None
+            while True:
+                page = await store.list_pending(limit=3, after=after)
+                if not page:
+                    break
+                pages.append([p.checkpoint_id for p in page])
+                after = page[-1].checkpoint_id
+            assert pages == [["cp_0", "cp_1", "cp_2"], ["cp_3", "cp_4", "cp_5"], ["cp_6"]]
+
+        async def test_list_pending_shows_claimed_but_not_finished_checkpoints(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            for name in ("cp_a", "cp_b", "cp_c", "cp_d"):
+                await store.save(sample_checkpoint(name))
+            await store.claim("cp_b")
+            done = await store.claim("cp_c")
+            await store.resolve("cp_c", done.token, sample_resolution(sample_checkpoint("cp_c")))
+            await store.cancel("cp_d")
+            listed = await store.list_pending()
+            assert [p.checkpoint_id for p in listed] == ["cp_a", "cp_b"]
+            checkpoint = sample_checkpoint("cp_a")
+            assert PendingRequest.of(checkpoint) == listed[0]
+
+        async def test_list_pending_filters_by_agent_and_metadata(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            cases: list[tuple[str, str, dict[str, Any]]] = [
+                ("cp_1", "support", {"tenant": "acme", "user": {"id": 1}}),
+                ("cp_2", "billing", {"tenant": "acme", "user": {"id": 1}}),
+                ("cp_3", "support", {"tenant": "other", "user": {"id": 1}}),
+                ("cp_4", "support", {"tenant": "acme", "user": {"id": 2}}),
+                ("cp_5", "support", {"tenant": "acme"}),
+            ]
+            for name, agent, metadata in cases:
+                await store.save(sample_checkpoint(name, agent_name=agent, metadata=metadata))
+
+            async def ids(**filters: Any) -> list[str]:
+                return [p.checkpoint_id for p in await store.list_pending(**filters)]
+
+            assert await ids(agent_name="support") == ["cp_1", "cp_3", "cp_4", "cp_5"]
+            assert await ids(metadata={"tenant": "acme"}) == ["cp_1", "cp_2", "cp_4", "cp_5"]
+            assert await ids(metadata={"tenant": "acme", "user": {"id": 1}}) == ["cp_1", "cp_2"]
+            assert await ids(agent_name="support", metadata={"user": {"id": 1}}) == ["cp_1", "cp_3"]
+            assert await ids(metadata={"missing": None}) == []
+
+        # --- JSON --------------------------------------------------------------------
+
+        async def test_data_round_trips_exactly(self, store: DurableCheckpointStore) -> None:
+            text = 'Ünïcödé ✓ "quoted" \\ \n'
+            checkpoint = sample_checkpoint(
+                "cp_1",
+                metadata={"text": text, "n": 1.5, "big": 2**53, "nested": [None, True, {}]},
+            )
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            resolution = sample_resolution(checkpoint)
+            await store.resolve("cp_1", claim.token, resolution)
+            stored = await store.get("cp_1")
+            assert checkpoint == stored.checkpoint
+            assert resolution == stored.resolution
+            assert resolution == structure(
+                json.loads(json.dumps(unstructure(resolution))), Resolution
+            )
+
+        # --- Through the runtime -----------------------------------------------------
+
+        async def test_concurrent_resumes_run_the_tool_once(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            app = _App(store)
+            first = await app.interrupt()
+            outcomes = await app.resume_many(first, 8)
+            assert len(app.effects) == 1
+            completed = [o for o in outcomes if isinstance(o, RunResult)]
+            assert all(r.output == "Refunded." for r in completed)
+            assert all(isinstance(o, (RunResult, CheckpointClaimedError)) for o in outcomes), (
+                outcomes
+            )
+
+        async def test_repeating_a_finished_resume_returns_the_stored_result(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            app = _App(store)
+            first = await app.interrupt()
+            done = await app.resume(first, app.approve(first))
+            again = await app.resume(first, app.approve(first))
+            assert done == again
+            assert len(app.effects) == 1
+            assert len(app.model.requests) == 2  # no model call for the repeat
+            with pytest.raises(HumanResponseConflictError):
+                await app.resume(first, HumanResponse(app.request_id(first), "reject"))
+
+        async def test_expiry_racing_an_answer_has_one_winner(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            app = _App(store)
+            first = await app.interrupt()
+            outcomes: list[object] = []
+
+            async def answer() -> None:
+                try:
+                    outcomes.append(await app.resume(first, app.approve(first)))
+                except Exception as exc:  # noqa: BLE001 - collected for the assertions
+                    outcomes.append(exc)
+
+            async def expire() -> None:
+                try:
+                    outcomes.append(
+                        await app.runtime.expire(app.agent, checkpoint_id=app.cp(first))
+                    )
+                except Exception as exc:  # noqa: BLE001 - collected for the assertions
+                    outcomes.append(exc)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(answer)
+                group.start_soon(expire)
+            [result] = [o for o in outcomes if isinstance(o, RunResult)]
+            assert result.status == "completed"
+            losers = (
+                CheckpointClaimedError,
+                CheckpointResolvedError,
+                HumanResponseConflictError,
+                HumanRequestExpiredError,
+            )
+            assert all(isinstance(o, (RunResult, *losers)) for o in outcomes), outcomes
+            assert len(app.effects) <= 1
+            stored = await store.get(app.cp(first))
+            assert stored.status == "resolved"
+
+        async def test_cancelled_checkpoints_cannot_be_resumed(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            app = _App(store)
+            first = await app.interrupt()
+            await app.runtime.cancel(app.cp(first))
+            with pytest.raises(CheckpointCancelledError):
+                await app.resume(first, app.approve(first))
+            assert app.effects == []
+
+    StoreConformance.__name__ = StoreConformance.__qualname__ = "StoreConformance"
+    return StoreConformance
+
+
+class _App:
+    """A refund agent over *store*: one approval, then a final answer."""
+
+    def __init__(self, store: DurableCheckpointStore) -> None:
+        self.effects: list[str] = []
+        self.model = ScriptedModel(lambda request: _answer(request))
+        tool = ToolSpec("refund", "Refund an order.", _SCHEMA, self.refund, requires_approval=True)
+        self.agent = Agent("support", "Refund when approved.", self.model, (tool,))
+        self.runtime = Runtime(checkpoint_store=store)
+
+    async def refund(self, arguments: Mapping[str, Any], context: ToolContext) -> str:
+        self.effects.append(context.idempotency_key)
+        await anyio.lowlevel.checkpoint()
+        return "Refunded."
+
+    async def interrupt(self) -> RunResult:
+        return await self.runtime.run(self.agent, "Refund order 1.", metadata={"tenant": "acme"})
+
+    @staticmethod
+    def cp(result: RunResult) -> str:
+        assert result.checkpoint_id is not None
+        return result.checkpoint_id
+
+    @staticmethod
+    def request_id(result: RunResult) -> str:
+        assert result.interruption is not None
+        return result.interruption.id
+
+    def approve(self, result: RunResult) -> HumanResponse:
+        return HumanResponse(self.request_id(result), "approve", responded_by="ops")
+
+    async def resume(self, result: RunResult, response: HumanResponse) -> RunResult:
+        return await self.runtime.resume(
+            self.agent, checkpoint_id=self.cp(result), response=response
+        )
+
+    async def resume_many(self, result: RunResult, count: int) -> list[object]:
+        outcomes: list[object] = []
+
+        async def one() -> None:
+            try:
+                outcomes.append(await self.resume(result, self.approve(result)))
+            except Exception as exc:  # noqa: BLE001 - collected for the assertions
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for _ in range(count):
+                group.start_soon(one)
+        return outcomes
+
+
+def _answer(request: Any) -> Any:
+    last = request.messages[-1]
+    if last.role == "tool":
+        return last.content
+    return call("refund", id="call_1", order_id="1")

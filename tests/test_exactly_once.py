@@ -1,0 +1,912 @@
+"""Exactly-once human in the loop: records, repeated resumes, outcome-unknown calls,
+idempotency keys, approval policies, expiry, cancellation, leases and integrity."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+import runlet
+from runlet import (
+    Agent,
+    CallRecord,
+    Checkpoint,
+    CheckpointCancelledError,
+    CheckpointNotFoundError,
+    CheckpointResolvedError,
+    CheckpointSerializationError,
+    ConfigurationError,
+    HumanRequestExpiredError,
+    HumanResponse,
+    HumanResponseConflictError,
+    HumanResponseError,
+    InMemoryCheckpointStore,
+    LeaseLostError,
+    Resolution,
+    RunResult,
+    Runtime,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    ask_human,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from runlet.testing import ScriptedModel, call
+
+pytestmark = pytest.mark.anyio
+
+UTC = datetime.timezone.utc
+ORDER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["order_id"],
+    "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+}
+
+
+class Clock:
+    """A clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime.datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += datetime.timedelta(seconds=seconds)
+
+
+class Payments:
+    """A payment service that honours idempotency keys, as tools should use them."""
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+        self.paid: dict[str, str] = {}
+        self.block: anyio.Event | None = None
+        self.entered = anyio.Event()
+
+    async def refund(self, arguments: Mapping[str, Any], context: ToolContext) -> str:
+        self.attempts.append(context.idempotency_key)
+        self.entered.set()
+        if self.block is not None:
+            await self.block.wait()
+        self.paid.setdefault(context.idempotency_key, arguments["order_id"])
+        return f"Refunded order {arguments['order_id']}."
+
+
+def refund_spec(payments: Payments, **options: Any) -> ToolSpec:
+    options.setdefault("requires_approval", True)
+    return ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, payments.refund, **options)
+
+
+def agent_with(model: runlet.Model, *tools: ToolSpec) -> Agent:
+    return Agent("support", "Refund when approved.", model, tools)
+
+
+def approve(result: RunResult, **fields: Any) -> HumanResponse:
+    assert result.interruption is not None
+    return HumanResponse(result.interruption.id, "approve", **fields)
+
+
+def cp(result: RunResult) -> str:
+    assert result.checkpoint_id is not None
+    return result.checkpoint_id
+
+
+async def refund_run(
+    *,
+    store: runlet.CheckpointStore | None = None,
+    script: Sequence[Any] = (),
+    clock: Clock | None = None,
+    **tool_options: Any,
+) -> tuple[Runtime, Agent, Payments, ScriptedModel, RunResult]:
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="c1", order_id="1"), *script])
+    agent = agent_with(model, refund_spec(payments, **tool_options))
+    rt = Runtime(
+        checkpoint_store=store if store is not None else InMemoryCheckpointStore(), clock=clock
+    )
+    first = await rt.run(agent, "Refund order 1.")
+    assert "interrupted" == first.status
+    return rt, agent, payments, model, first
+
+
+# --- Records: a recorded result never runs again ---------------------------------------
+
+
+async def test_the_decision_and_result_are_recorded_before_the_run_goes_on() -> None:
+    log: list[str] = []
+
+    class Recording(InMemoryCheckpointStore):
+        async def record(
+            self, checkpoint_id: str, token: str, records: Sequence[CallRecord]
+        ) -> None:
+            log.extend("result" if r.result else "decision" for r in records)
+            await super().record(checkpoint_id, token, records)
+
+    def model_turn(request: runlet.ModelRequest) -> str:
+        log.append("model")
+        return "Done."
+
+    rt, agent, _payments, _, first = await refund_run(store=Recording(), script=[model_turn])
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert ["decision", "result", "model"] == log
+
+
+async def test_a_model_error_after_the_tool_ran_does_not_run_it_again() -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, payments, model, first = await refund_run(script=[down, "Done."])
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert ("completed", "Done.") == (result.status, result.output)
+    assert 1 == len(payments.attempts)
+    assert "Refunded order 1." == model.requests[-1].messages[-1].content
+
+
+async def test_results_of_calls_that_ran_beside_the_approval_are_not_run_again() -> None:
+    lookups: list[str] = []
+
+    async def lookup(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        lookups.append(arguments["order_id"])
+        return "Order 2: 10 EUR."
+
+    payments = Payments()
+    calls = [call("lookup", id="c0", order_id="2"), call("refund", id="c1", order_id="1")]
+
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    model = ScriptedModel([calls, down, "Done."])
+    lookup_tool = ToolSpec("lookup", "Look up.", ORDER_SCHEMA, lookup)
+    agent = agent_with(model, lookup_tool, refund_spec(payments))
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    first = await rt.run(agent, "Go.")
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == result.status
+    assert (["2"], 1) == (lookups, len(payments.attempts))
+    assert ["Order 2: 10 EUR.", "Refunded order 1."] == [
+        m.content for m in result.transcript if m.role == "tool"
+    ]
+
+
+async def test_the_first_accepted_answer_is_final_even_before_the_resume_finished() -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, payments, _, first = await refund_run(script=[down, "Done."])
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    with pytest.raises(HumanResponseConflictError, match="already answered"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=HumanResponse(approve(first).request_id, "reject"),
+        )
+    assert 1 == len(payments.attempts)
+
+
+# --- Repeated resumes and telling the cases apart ---------------------------------------
+
+
+async def test_a_repeated_resume_returns_an_equal_result_without_model_or_tools() -> None:
+    rt, agent, payments, model, first = await refund_run(
+        script=[call("refund", id="c2", order_id="2"), "Done."]
+    )
+    second = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    requests_before = len(model.requests)
+
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert second == again
+    assert second.checkpoint_id == again.checkpoint_id is not None
+    assert requests_before == len(model.requests)
+    assert 1 == len(payments.attempts)
+
+
+async def test_a_web_handler_tells_the_failure_cases_apart_by_class() -> None:
+    rt, agent, _, _, first = await refund_run(script=["Done."])
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    _, _, _, _, other = await refund_run()
+    cancelled_rt, cancelled_agent, _, _, doomed = await refund_run()
+    await cancelled_rt.cancel(cp(doomed))
+
+    with pytest.raises(CheckpointNotFoundError) as never:
+        await rt.resume(agent, checkpoint_id="cp_never", response=approve(first))
+    with pytest.raises(HumanResponseConflictError):
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=approve(first, responded_by="someone else")
+        )
+    with pytest.raises(CheckpointCancelledError) as cancelled:
+        await cancelled_rt.resume(
+            cancelled_agent, checkpoint_id=cp(doomed), response=approve(doomed)
+        )
+
+    assert type(never.value) is CheckpointNotFoundError
+    assert type(cancelled.value) is CheckpointCancelledError
+    assert isinstance(cancelled.value, CheckpointNotFoundError)
+    assert isinstance(HumanResponseConflictError("x", checkpoint_id="c"), HumanResponseError)
+    assert other.status == "interrupted"
+
+
+# --- Cut off inside the handler ------------------------------------------------------------
+
+
+async def interrupted_inside_handler(
+    **tool_options: Any,
+) -> tuple[Runtime, Agent, Payments, RunResult]:
+    rt, agent, payments, _, first = await refund_run(
+        script=["Done.", "Done again."], **tool_options
+    )
+    payments.block = anyio.Event()
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+        group.start_soon(attempt)
+        await payments.entered.wait()
+        group.cancel_scope.cancel()
+    payments.block = None
+    return rt, agent, payments, first
+
+
+async def test_an_idempotent_call_cut_off_runs_again_with_the_same_key() -> None:
+    rt, agent, payments, first = await interrupted_inside_handler(idempotent=True)
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == result.status
+    assert 2 == len(payments.attempts)
+    assert payments.attempts[0] == payments.attempts[1]
+    assert 1 == len(payments.paid)
+
+
+async def test_a_non_idempotent_call_cut_off_is_asked_about_again() -> None:
+    rt, agent, payments, first = await interrupted_inside_handler()
+
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert again.interruption is not None
+    request = again.interruption
+    assert (True, "approval") == (request.outcome_unknown, request.kind)
+    assert request.prompt.startswith(runlet.OUTCOME_UNKNOWN_PROMPT)
+    assert first.interruption is not None
+    assert first.interruption.tool_call == request.tool_call
+    assert 1 == len(payments.attempts)
+    # The repeat of the answer that led here gets the same interruption back.
+    assert again == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    rejected = await rt.resume(
+        agent,
+        checkpoint_id=cp(again),
+        response=HumanResponse(request.id, "reject"),
+    )
+    assert "completed" == rejected.status
+    assert runlet.REJECTION_MESSAGE == rejected.transcript[-2].content
+    assert 1 == len(payments.attempts)
+    assert ["approve", "reject"] == [d.action for d in rejected.decisions]
+
+
+async def test_an_edited_call_cut_off_is_asked_about_with_the_edited_arguments() -> None:
+    rt, agent, payments, _, first = await refund_run(script=["Done."])
+    payments.block = anyio.Event()
+    edited = approve(first, edited_arguments={"order_id": "9"})
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=edited)
+
+        group.start_soon(attempt)
+        await payments.entered.wait()
+        group.cancel_scope.cancel()
+    payments.block = None
+
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=edited)
+    assert again.interruption is not None
+    assert {"order_id": "9"} == again.interruption.tool_call.arguments
+
+    done = await rt.resume(agent, checkpoint_id=cp(again), response=approve(again))
+    assert "completed" == done.status
+    assert ["9", "9"] == [payments.paid[key] for key in payments.attempts]
+
+
+# --- Idempotency keys -------------------------------------------------------------------
+
+
+async def test_idempotency_keys_differ_per_call_and_turn_even_for_a_reused_call_id() -> None:
+    keys: list[tuple[str, str]] = []
+
+    async def note(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        keys.append((context.tool_call_id, context.idempotency_key))
+        return "ok"
+
+    model = ScriptedModel(
+        [
+            [call("note", id="a", order_id="1"), call("note", id="b", order_id="2")],
+            call("note", id="a", order_id="3"),
+            "Done.",
+        ]
+    )
+    result = await Runtime().run(agent_with(model, ToolSpec("note", "N.", ORDER_SCHEMA, note)), "x")
+
+    assert "completed" == result.status
+    assert ["a", "b", "a"] == [*sorted(call_id for call_id, _ in keys[:2]), keys[2][0]]
+    assert 3 == len({key for _, key in keys})
+    assert all(key.startswith(result.run_id) for _, key in keys)
+
+
+def test_a_tool_context_built_by_hand_gets_a_key() -> None:
+    context = ToolContext("run_1", "call_1", "support", {}, "refund")
+    assert "run_1/call_1" == context.idempotency_key
+
+
+# --- Approval policies ---------------------------------------------------------------------
+
+
+def over_limit(arguments: Mapping[str, Any], context: ToolContext) -> bool:
+    return bool(arguments.get("amount", 0) > 100)
+
+
+async def async_over_limit(arguments: Mapping[str, Any], context: ToolContext) -> bool:
+    await anyio.lowlevel.checkpoint()
+    assert "support" == context.agent_name
+    return over_limit(arguments, context)
+
+
+@pytest.mark.parametrize("policy", [over_limit, async_over_limit], ids=["sync", "async"])
+async def test_an_approval_policy_decides_per_call(policy: runlet.ApprovalPolicy) -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [
+            [
+                call("refund", id="small", order_id="1", amount=20),
+                call("refund", id="big", order_id="2", amount=500),
+            ],
+            "Done.",
+        ]
+    )
+    agent = agent_with(model, refund_spec(payments, requires_approval=policy))
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+
+    first = await rt.run(agent, "Refund both.")
+
+    assert first.interruption is not None
+    assert "big" == first.interruption.tool_call.id
+    assert ["1"] == list(payments.paid.values())
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [(ValueError("no rules"), "ValueError: no rules"), ("yes", "must return True or False")],
+    ids=["raises", "not-bool"],
+)
+async def test_a_broken_policy_runs_nothing_and_tells_the_model(
+    answer: object, problem: str
+) -> None:
+    def policy(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="c1", order_id="1"), "Done."])
+    result = await Runtime().run(
+        agent_with(model, refund_spec(payments, requires_approval=policy)), "Go."
+    )
+
+    assert "completed" == result.status
+    tool_message = result.transcript[-2]
+    assert tool_message.tool_result is not None
+    assert tool_message.tool_result.is_error
+    assert problem in tool_message.content
+    assert [] == payments.attempts
+
+
+@pytest.mark.parametrize("value", ["never", 1, None], ids=["str", "int", "none"])
+def test_requires_approval_must_be_a_bool_or_a_policy(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="requires_approval"):
+        refund_spec(Payments(), requires_approval=value)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("idempotent", "yes"),
+        ("allow_edit", 0),
+        ("expires_after", 0),
+        ("expires_after", "60"),
+        ("approval_prompt", 5),
+    ],
+)
+def test_other_tool_options_are_checked_at_construction(option: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=option):
+        refund_spec(Payments(), **{option: value})
+
+
+# --- Expiry and cancellation -------------------------------------------------------------
+
+
+async def test_a_late_answer_is_refused_and_the_checkpoint_kept() -> None:
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=["Done."], clock=clock, expires_after=3600
+    )
+    request = first.interruption
+    assert request is not None
+    assert (clock.now, clock.now + datetime.timedelta(hours=1)) == (
+        request.created_at,
+        request.expires_at,
+    )
+    clock.advance(3600)
+
+    with pytest.raises(HumanRequestExpiredError) as info:
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert (cp(first), request.id) == (info.value.checkpoint_id, info.value.request_id)
+    assert [] == payments.attempts
+    assert cp(first) in rt.checkpoint_store  # type: ignore[operator]
+
+
+async def test_an_answer_just_in_time_is_accepted() -> None:
+    clock = Clock()
+    rt, agent, _payments, _, first = await refund_run(
+        script=["Done."], clock=clock, expires_after=60
+    )
+    clock.advance(59.999)
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "completed" == result.status
+
+
+async def test_expire_records_the_expiry_result_and_continues() -> None:
+    clock = Clock()
+    rt, agent, payments, model, first = await refund_run(
+        script=["Nobody approved it."], clock=clock, expires_after=60
+    )
+    clock.advance(120)
+
+    result = await rt.expire(agent, checkpoint_id=cp(first))
+
+    assert ("completed", "Nobody approved it.") == (result.status, result.output)
+    expired = model.requests[-1].messages[-1]
+    assert expired.tool_result is not None
+    assert (runlet.EXPIRY_MESSAGE, True) == (expired.content, expired.tool_result.is_error)
+    [decision] = result.decisions
+    assert ("expire", clock.now) == (decision.action, decision.decided_at)
+    assert result == await rt.expire(agent, checkpoint_id=cp(first))
+    with pytest.raises(HumanRequestExpiredError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert [] == payments.attempts
+
+
+async def test_an_answered_checkpoint_cannot_expire() -> None:
+    rt, agent, _, _, first = await refund_run(script=["Done."])
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    with pytest.raises(CheckpointResolvedError):
+        await rt.expire(agent, checkpoint_id=cp(first))
+
+
+async def test_ask_human_questions_can_expire() -> None:
+    clock = Clock()
+    model = ScriptedModel([call("ask_human", id="q", kind="input", prompt="Which order?")])
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore(), clock=clock)
+    agent = agent_with(model, ask_human(expires_after=30))
+    first = await rt.run(agent, "Refund.")
+    assert first.interruption is not None
+    assert clock.now + datetime.timedelta(seconds=30) == first.interruption.expires_at
+
+
+async def test_cancel_retires_without_running_anything() -> None:
+    rt, agent, payments, model, first = await refund_run()
+    await rt.cancel(cp(first))
+    await rt.cancel(cp(first))
+    with pytest.raises(CheckpointCancelledError, match="cancelled"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    with pytest.raises(CheckpointCancelledError):
+        await rt.expire(agent, checkpoint_id=cp(first))
+    assert ([], 1) == (payments.attempts, len(model.requests))
+
+
+async def test_cancel_of_an_answered_checkpoint_is_refused() -> None:
+    rt, agent, _, _, first = await refund_run(script=["Done."])
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    with pytest.raises(CheckpointResolvedError):
+        await rt.cancel(cp(first))
+
+
+async def test_runtime_without_a_store_cannot_cancel() -> None:
+    with pytest.raises(runlet.CheckpointStoreRequiredError):
+        await Runtime().cancel("cp_1")
+
+
+# --- Integrity -----------------------------------------------------------------------------
+
+
+def _checkpoint_data() -> dict[str, Any]:
+    call_ = ToolCall("c1", "refund", {"order_id": "1"})
+    checkpoint = Checkpoint(
+        id="cp_1",
+        run_id="run_1",
+        agent_name="support",
+        messages=(runlet.Message.user("Refund."),),
+        options={},
+        metadata={},
+        transcript=(runlet.Message.user("Refund."), runlet.Message.assistant("", [call_])),
+        pending_tool_calls=(call_,),
+        request=runlet.HumanRequest("req_1", "approval", "Allow?", tool_call=call_),
+    )
+    return unstructure_checkpoint(checkpoint)
+
+
+def _edit(data: dict[str, Any], path: Sequence[Any], value: Any) -> dict[str, Any]:
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return data
+
+
+BROKEN = [
+    ("no-pending", ("pending_tool_calls",), [], "pending_tool_calls"),
+    (
+        "request-arguments",
+        ("request", "tool_call", "arguments"),
+        {"order_id": "999"},
+        "request.tool_call",
+    ),
+    ("request-call", ("request", "tool_call", "id"), "c9", "request.tool_call"),
+    (
+        "pending-not-in-message",
+        ("pending_tool_calls", 0, "id"),
+        "c9",
+        "pending_tool_calls[0]",
+    ),
+    (
+        "result-for-unknown-call",
+        ("results",),
+        [{"tool_call_id": "c9", "content": "x"}],
+        "results[0]",
+    ),
+    ("ends-with-user", ("transcript", 1), {"role": "user", "content": "hi"}, "transcript"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"), [case[1:] for case in BROKEN], ids=[c[0] for c in BROKEN]
+)
+def test_a_checkpoint_that_does_not_hang_together_is_refused_when_structured(
+    path: Sequence[Any], value: Any, where: str
+) -> None:
+    data = _edit(_checkpoint_data(), path, value)
+    with pytest.raises(CheckpointSerializationError, match="does not hang together") as info:
+        structure_checkpoint(data)
+    assert where == info.value.path
+
+
+async def test_a_checkpoint_that_does_not_hang_together_is_refused_at_resume() -> None:
+    rt, agent, payments, _, first = await refund_run()
+    store = rt.checkpoint_store
+    assert isinstance(store, InMemoryCheckpointStore)
+    checkpoint = await store.load(cp(first))
+    swapped = ToolCall("c1", "refund", {"order_id": "999"})
+    await store.save(attrs.evolve(checkpoint, pending_tool_calls=(swapped,)))
+
+    with pytest.raises(CheckpointSerializationError, match=r"request\.tool_call"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert [] == payments.attempts
+
+
+async def test_approved_arguments_are_checked_against_the_resuming_agents_schema() -> None:
+    rt, _, payments, _, first = await refund_run()
+    stricter = {**ORDER_SCHEMA, "required": ["order_id", "amount"]}
+    agent = agent_with(
+        ScriptedModel(["Done."]),
+        ToolSpec("refund", "Refund.", stricter, payments.refund, requires_approval=True),
+    )
+    with pytest.raises(HumanResponseError, match="no longer fit"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert [] == payments.attempts
+
+
+# --- Leases -------------------------------------------------------------------------------
+
+
+async def test_the_claim_is_renewed_while_a_slow_tool_runs() -> None:
+    renewed = anyio.Event()
+
+    class Renewing(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            await super().renew(checkpoint_id, token)
+            renewed.set()
+
+    rt, agent, payments, _, first = await refund_run(store=Renewing(lease=0.03), script=["Done."])
+    payments.block = renewed  # the tool finishes only once the lease was renewed
+    with anyio.fail_after(10):
+        result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "completed" == result.status
+
+
+async def test_a_lost_lease_stops_the_resume() -> None:
+    class Losing(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            raise LeaseLostError("taken over", checkpoint_id=checkpoint_id)
+
+    rt, agent, payments, _, first = await refund_run(store=Losing(lease=0.03), script=["Done."])
+    payments.block = anyio.Event()  # never set: only the lost lease ends the wait
+    with anyio.fail_after(10), pytest.raises(LeaseLostError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
+async def test_a_failing_resolve_releases_the_claim() -> None:
+    class Failing(InMemoryCheckpointStore):
+        fail = True
+
+        async def resolve(
+            self,
+            checkpoint_id: str,
+            token: str,
+            resolution: Resolution,
+            next_checkpoint: Checkpoint | None = None,
+        ) -> None:
+            if self.fail:
+                raise OSError("disk full")
+            await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
+
+    store = Failing()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done.", "Done."])
+    with pytest.raises(OSError, match="disk full"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "pending" == (await store.get(cp(first))).status
+
+    store.fail = False
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "completed" == result.status
+    assert 1 == len(payments.attempts)
+
+
+class Slow(InMemoryCheckpointStore):
+    """A store whose release and resolve really wait, so a cancellation can land there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = anyio.Event()
+        self.go = anyio.Event()
+        self.slow: str = ""
+
+    async def _pause(self, name: str) -> None:
+        if self.slow == name:
+            self.waiting.set()
+            await self.go.wait()
+
+    async def release(self, checkpoint_id: str, token: str) -> None:
+        await self._pause("release")
+        await super().release(checkpoint_id, token)
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        await self._pause("resolve")
+        await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
+
+
+@pytest.mark.parametrize("where", ["release", "resolve"])
+async def test_cancelling_during_release_or_resolve_still_completes_it(where: str) -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    store = Slow()
+    store.slow = where
+    rt, agent, _, _, first = await refund_run(
+        store=store, script=[down if where == "release" else "Done."]
+    )
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            with contextlib.suppress(runlet.ModelError):
+                await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+        group.start_soon(attempt)
+        await store.waiting.wait()
+        group.cancel_scope.cancel()  # lands inside the shielded release / resolve
+        store.go.set()
+
+    expected = "pending" if where == "release" else "resolved"
+    assert expected == (await store.get(cp(first))).status
+
+
+# --- Streaming a resume -------------------------------------------------------------------
+
+
+async def test_stream_resume_gives_the_same_events_and_result_as_stream() -> None:
+    rt, agent, _payments, _, first = await refund_run(script=["Done."])
+    events: list[runlet.StreamEvent] = []
+
+    async with rt.stream_resume(agent, checkpoint_id=cp(first), response=approve(first)) as s:
+        events.extend([event async for event in s])
+
+    kinds = [type(event).__name__ for event in events]
+    assert ["ToolCallStarted", "ToolCallFinished"] == kinds[:2]
+    assert ["MessageCompleted", "RunFinished"] == kinds[-2:]
+    assert s.result == events[-1].result  # type: ignore[union-attr]
+    assert s.result == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
+async def test_stream_resume_raises_a_bad_response_from_the_iteration() -> None:
+    rt, agent, payments, _, first = await refund_run()
+    with pytest.raises(HumanResponseError):
+        async with rt.stream_resume(
+            agent, checkpoint_id=cp(first), response=HumanResponse("req_x", "approve")
+        ) as s:
+            [event async for event in s]
+    assert [] == payments.attempts
+
+
+# --- Resume arguments ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({}, "needs the person's answer"),
+        ({"responses": []}, "is empty"),
+        ({"responses": "approve"}, "must be a list"),
+    ],
+    ids=["none", "empty", "str"],
+)
+async def test_resume_needs_one_way_of_answering(kwargs: dict[str, Any], problem: str) -> None:
+    rt, agent, _, _, first = await refund_run()
+    with pytest.raises(HumanResponseError, match=problem):
+        await rt.resume(agent, checkpoint_id=cp(first), **kwargs)
+
+
+async def test_resume_refuses_both_response_and_responses() -> None:
+    rt, agent, _, _, first = await refund_run()
+    with pytest.raises(HumanResponseError, match="not both"):
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=approve(first), responses=[approve(first)]
+        )
+
+
+async def test_a_json_checkpoint_from_another_process_resumes_exactly_once() -> None:
+    rt, agent, payments, _, first = await refund_run(script=["Done."])
+    assert isinstance(rt.checkpoint_store, InMemoryCheckpointStore)
+    text = json.dumps(unstructure_checkpoint(await rt.checkpoint_store.load(cp(first))))
+    elsewhere = InMemoryCheckpointStore()
+    await elsewhere.save(structure_checkpoint(json.loads(text)))
+    other = Runtime(checkpoint_store=elsewhere)
+
+    done = await other.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert done == await other.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert 1 == len(payments.attempts)
+
+
+async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one() -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund both.")
+    one, two = first.pending_requests
+    second = await rt.resume(
+        agent, checkpoint_id=cp(first), response=HumanResponse(one.id, "approve")
+    )
+    assert (two,) == second.pending_requests
+
+    with pytest.raises(CheckpointResolvedError, match=f"still open at checkpoint '{cp(second)}'"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=HumanResponse(two.id, "approve"))
+
+    done = await rt.resume(
+        agent, checkpoint_id=cp(second), response=HumanResponse(two.id, "reject")
+    )
+    assert "completed" == done.status
+    assert ["1"] == list(payments.paid.values())
+
+
+async def test_several_answers_in_one_call_and_the_audit_trail() -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [
+            [
+                call("refund", id="a", order_id="1"),
+                call("refund", id="b", order_id="2"),
+                call("refund", id="c", order_id="3"),
+            ],
+            "Done.",
+        ]
+    )
+    clock = Clock()
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore(), clock=clock)
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund all three.")
+    a, b, c = first.pending_requests
+    assert first.interruption == a
+
+    part = await rt.resume(
+        agent,
+        checkpoint_id=cp(first),
+        responses=[
+            HumanResponse(c.id, "reject", "duplicate", responded_by="ann"),
+            HumanResponse(a.id, "approve", responded_by="bob", metadata={"ticket": 7}),
+        ],
+    )
+    assert (b,) == part.pending_requests  # the one left keeps its request id
+    clock.advance(5)
+    done = await rt.resume(
+        agent,
+        checkpoint_id=cp(part),
+        response=HumanResponse(b.id, "approve", edited_arguments={"order_id": "22"}),
+    )
+
+    assert "completed" == done.status
+    assert ["1", "22"] == sorted(payments.paid.values())
+    tool_messages = [m.content for m in done.transcript if m.role == "tool"]
+    assert f"{runlet.REJECTION_MESSAGE} Reason: duplicate" == tool_messages[2]
+    assert [("a", "approve", "bob"), ("c", "reject", "ann"), ("b", "approve", None)] == [
+        (d.tool_call_id, d.action, d.responded_by) for d in done.decisions
+    ]
+    assert {"ticket": 7} == done.decisions[0].metadata
+    assert ({"order_id": "22"}, True) == (done.decisions[2].arguments, done.decisions[2].edited)
+    assert clock.now == done.decisions[2].decided_at
+    store = rt.checkpoint_store
+    assert isinstance(store, InMemoryCheckpointStore)
+    assert (
+        list(done.decisions)
+        == sorted(
+            await store.decisions(done.run_id), key=lambda d: (d.decided_at, d.tool_call_id != "a")
+        )
+        or len(await store.decisions(done.run_id)) == 3
+    )
+
+
+async def test_approval_prompt_and_allow_edit_per_tool() -> None:
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="a", order_id="1"), "Done."])
+    tool = refund_spec(
+        payments,
+        approval_prompt=lambda arguments: f"Refund order {arguments['order_id']}?",
+        allow_edit=False,
+    )
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, tool)
+    first = await rt.run(agent, "Refund.")
+    assert first.interruption is not None
+    assert "Refund order 1?" == first.interruption.prompt
+
+    with pytest.raises(HumanResponseError, match="allow_edit=False"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=approve(first, edited_arguments={"order_id": "2"}),
+        )
+    assert [] == payments.attempts
+    fixed = refund_spec(payments, approval_prompt="Refund it?")
+    other = await Runtime(checkpoint_store=InMemoryCheckpointStore()).run(
+        agent_with(ScriptedModel([call("refund", id="a", order_id="1")]), fixed), "Refund."
+    )
+    assert other.interruption is not None
+    assert "Refund it?" == other.interruption.prompt
