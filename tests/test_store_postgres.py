@@ -1,4 +1,4 @@
-"""PostgresCheckpointStore: the store protocol, plus what is specific to PostgreSQL."""
+"""PostgresCheckpointStore: the conformance suite, plus what is specific to PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import anyio.to_thread
 import pytest
 from _postgres import fresh_schema, postgres_store
 from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from conftest import BACKENDS
 
 from runlet import CheckpointClaimedError, ConfigurationError, StoreSchemaError
 
@@ -18,6 +19,7 @@ psycopg = pytest.importorskip("psycopg")
 psycopg_pool = pytest.importorskip("psycopg_pool")
 
 from runlet.stores.postgres import PostgresCheckpointStore  # noqa: E402
+from runlet.testing import store_conformance_tests  # noqa: E402
 
 _server: list[str] = []
 
@@ -31,6 +33,9 @@ def _server_conninfo(postgres_server: str) -> None:
 async def pg_store(lease: float | None) -> AsyncIterator[Any]:
     async with postgres_store(_server[0], lease) as store:
         yield store
+
+
+TestConformance = store_conformance_tests(pg_store, backends=BACKENDS)
 
 
 class TestSemantics(semantics_tests(pg_store)):  # type: ignore[misc]
@@ -109,7 +114,7 @@ async def test_connect_kwargs_reach_the_connections() -> None:
     conninfo = await schema()
     kwargs = {"prepare_threshold": None}
     async with PostgresCheckpointStore(
-        conninfo, connect_kwargs=kwargs, min_size=0, check_connections=False
+        conninfo, connect_kwargs=kwargs, min_size=0, check_connections=True
     ) as store:
         await store.save(checkpoint())
         assert store._pool is not None
@@ -131,3 +136,20 @@ async def test_an_unreachable_server_fails_on_entering() -> None:
 def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         PostgresCheckpointStore("dbname=x", **arguments)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["unchecked", "checked"])
+async def test_a_dropped_connection_is_replaced(check: bool) -> None:
+    conninfo = await schema()
+    async with PostgresCheckpointStore(
+        conninfo, min_size=1, max_size=1, check_connections=check
+    ) as store:
+        await store.save(checkpoint())
+        assert store._pool is not None
+        with store._pool.connection() as conn:  # the pool's only connection
+            pid = conn.info.backend_pid
+        await anyio.to_thread.run_sync(execute, conninfo, f"SELECT pg_terminate_backend({pid})")
+        if not check:  # the one call on the dead connection fails ...
+            with pytest.raises(psycopg.OperationalError):
+                await store.get("cp_1")
+        assert "pending" == (await store.get("cp_1")).status  # ... then it is replaced

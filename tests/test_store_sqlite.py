@@ -1,8 +1,9 @@
-"""SQLiteCheckpointStore: the store protocol, plus what is specific to SQLite."""
+"""SQLiteCheckpointStore: the conformance suite, plus what is specific to SQLite."""
 
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from conftest import BACKENDS
 
 from runlet import (
     CheckpointClaimedError,
@@ -21,6 +23,7 @@ from runlet import (
     StoreSchemaError,
 )
 from runlet.stores.sqlite import SQLiteCheckpointStore
+from runlet.testing import store_conformance_tests
 
 _tmp: list[Path] = []
 
@@ -32,8 +35,10 @@ def _tmp_dir(tmp_path: Path) -> None:
 
 @asynccontextmanager
 async def sqlite_store(lease: float | None) -> AsyncIterator[SQLiteCheckpointStore]:
-    async with SQLiteCheckpointStore(_tmp[0] / "store.db", lease=lease) as store:
-        yield store
+    """A fresh store in a new file of its own."""
+    with tempfile.TemporaryDirectory(prefix="runlet-sqlite-") as root:
+        async with SQLiteCheckpointStore(Path(root) / "store.db", lease=lease) as store:
+            yield store
 
 
 @asynccontextmanager
@@ -41,18 +46,15 @@ async def memory_store(lease: float | None) -> AsyncIterator[InMemoryCheckpointS
     yield InMemoryCheckpointStore(lease=lease)
 
 
+TestConformance = store_conformance_tests(sqlite_store, backends=BACKENDS)
+
+
 class TestSemantics(semantics_tests(sqlite_store)):  # type: ignore[misc]
     pass
 
 
 class TestReferenceSemantics(semantics_tests(memory_store)):  # type: ignore[misc]
-    """The same tests on the in-memory reference store."""
-
-    # runlet/_store.py InMemoryCheckpointStore.claim refuses an expired claim with
-    # CheckpointResolvedError instead of taking it over (reported to the lead).
-    @pytest.mark.xfail(reason="InMemoryCheckpointStore takeover bug", strict=False)
-    async def test_expired_lease_is_taken_over_and_the_old_token_is_refused(self) -> None:
-        await super().test_expired_lease_is_taken_over_and_the_old_token_is_refused()
+    """The same edge cases on the in-memory reference store."""
 
 
 class TestSQLStore(sql_store_tests(sqlite_store)):  # type: ignore[misc]

@@ -259,10 +259,10 @@ class PostgresCheckpointStore(SQLStore):
         timeout: Seconds to wait for the server when opening, and for a free connection.
         connect_kwargs: Extra keyword arguments for each ``psycopg.connect`` (for
             instance ``{"prepare_threshold": None}`` behind PgBouncer in transaction mode).
-        check_connections: Check that a pooled connection is alive (one empty query)
-            before each store call, so a restarted server or a dropped connection costs
-            nothing but a reconnect. ``False`` saves that round trip per call; a dead
-            connection then fails one call before the pool replaces it.
+        check_connections: Check that a pooled connection is alive (an empty query, one
+            more round trip) before each store call. Without the check, a connection that
+            died (a restarted server, a proxy timeout) fails the one call that uses it,
+            and the pool replaces it; a failed resume leaves its checkpoint resumable.
 
     Raises:
         ~runlet.ConfigurationError: An argument is out of range.
@@ -284,7 +284,7 @@ class PostgresCheckpointStore(SQLStore):
         max_size: int = 10,
         timeout: float = 30.0,
         connect_kwargs: Mapping[str, Any] | None = None,
-        check_connections: bool = True,
+        check_connections: bool = False,
     ) -> None:
         super().__init__(lease=lease, connections=max_size)
         if type(min_size) is not int or not 0 <= min_size <= max_size:
