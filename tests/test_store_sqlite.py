@@ -181,3 +181,13 @@ async def test_a_connection_left_inside_a_transaction_is_never_reused() -> None:
         with pytest.raises(sqlite3.ProgrammingError):  # closed
             conn.execute("SELECT 1")
         await store.save(checkpoint())  # the store opens a new one
+
+
+async def test_reads_are_a_transaction_only_when_asked() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        with store._connection(write=False, atomic=True) as conn:
+            assert conn.in_transaction
+        with store._connection(write=False, atomic=False) as conn:
+            assert not conn.in_transaction
+        with store._connection(write=True, atomic=False) as conn:
+            assert conn.in_transaction  # every write takes the write lock first
