@@ -13,9 +13,9 @@ connection per resumer; checkpoints are plain dicts turned into JSON.
 Figures: time per sequential round trip (target ≤ 1.5x the floor), and resumes per second
 with 1, 4 and 16 concurrent resumers working through a backlog of interrupted runs.
 
-PostgreSQL: the server named by ``RUNLET_BENCH_POSTGRES`` (a conninfo), else a throwaway
-server started from the machine's PostgreSQL binaries (see ``tests/_pgserver.py``), else
-the PostgreSQL figures are left out with a note on stderr.
+PostgreSQL: the server named by ``RUNLET_BENCH_POSTGRES`` (a conninfo), else (full counts
+only, not ``--smoke``) a throwaway server started from the machine's PostgreSQL binaries
+(see ``tests/_pgserver.py``), else the PostgreSQL figures are left out.
 """
 
 from __future__ import annotations
@@ -68,11 +68,15 @@ def sizes(counts: Counts) -> tuple[int, int]:
 
 
 @contextmanager
-def postgres_server() -> Iterator[str | None]:
-    """A conninfo of a PostgreSQL server for the benchmark, or None."""
+def postgres_server(start: bool) -> Iterator[str | None]:
+    """A conninfo of a PostgreSQL server for the benchmark, or None. Only *start* lets it
+    start a throwaway server (the smoke run does not)."""
     given = os.environ.get("RUNLET_BENCH_POSTGRES")
     if given:
         yield given
+        return
+    if not start:
+        yield None
         return
     tests = str(Path(__file__).resolve().parents[1] / "tests")
     if tests not in sys.path:
@@ -418,7 +422,7 @@ async def bench_w5(counts: Counts) -> Outcome:
         databases: list[Callable[[], Awaitable[tuple[list[Figure], dict[str, Any]]]]] = [
             lambda: one_database(SQLiteDatabase(Path(root)), counts)
         ]
-        with postgres_server() as conninfo:
+        with postgres_server(start=counts == FULL) as conninfo:
             if conninfo is not None:
                 databases.append(lambda: one_database(PostgresDatabase(conninfo), counts))
             for measure in databases:
