@@ -191,3 +191,15 @@ async def test_reads_are_a_transaction_only_when_asked() -> None:
             assert not conn.in_transaction
         with store._connection(write=True, atomic=False) as conn:
             assert conn.in_transaction  # every write takes the write lock first
+
+
+async def test_entering_cancelled_leaves_no_connection_open() -> None:
+    store = SQLiteCheckpointStore(db_path())
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        async with store:
+            pass  # pragma: no cover
+    assert scope.cancelled_caught
+    assert [] == store._idle
+    with pytest.raises(ConfigurationError, match="not open"):
+        await store.get("cp_1")

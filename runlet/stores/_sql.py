@@ -157,7 +157,13 @@ class SQLStore:
     async def __aenter__(self: S) -> S:
         if self._limiter is not None:
             raise ConfigurationError(f"This {self._name} is already open; enter it once.")
-        await anyio.to_thread.run_sync(self._open)
+        try:
+            await anyio.to_thread.run_sync(self._open)
+        except anyio.get_cancelled_exc_class():
+            # The thread finished opening before the cancellation took effect.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._disconnect)
+            raise
         self._limiter = anyio.CapacityLimiter(self._connections)
         return self
 
