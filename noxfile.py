@@ -75,7 +75,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=["3.10", "3.13"])
 def types(session: nox.Session) -> None:
     """mypy --strict on runlet/ (settings in pyproject.toml)."""
-    session.install("-e", ".[http,trio]", "mypy>=1.11")
+    session.install("-e", ".[http,trio,postgres]", "mypy>=1.11")
     session.run("mypy", "runlet")
 
 
@@ -83,7 +83,7 @@ def types(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning or broken reference fails, and so does an API
     reference that shows internals (see ``api_page_problems``)."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,postgres]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )

@@ -31,6 +31,7 @@ from ._errors import ModelError as ModelError
 from ._errors import ModelResponseError as ModelResponseError
 from ._errors import ResumeError as ResumeError
 from ._errors import RunletError as RunletError
+from ._errors import StoreSchemaError as StoreSchemaError
 from ._events import Interrupted as Interrupted
 from ._events import MessageCompleted as MessageCompleted
 from ._events import RunFinished as RunFinished
@@ -144,6 +145,7 @@ __all__ = [
     "RunStream",
     "RunletError",
     "Runtime",
+    "StoreSchemaError",
     "StoredCheckpoint",
     "StreamEvent",
     "StreamingModel",

@@ -283,7 +283,7 @@ class TestPublicSurface:
 
     def test_all_is_sorted_and_complete(self) -> None:
         public = {n for n in dir(runlet) if not n.startswith("_")}
-        assert set(runlet.__all__) == public - {"testing", "providers", "demo"}
+        assert set(runlet.__all__) == public - {"testing", "providers", "demo", "stores"}
         assert sorted(runlet.__all__, key=isort_style) == runlet.__all__
         assert len(set(runlet.__all__)) == len(runlet.__all__)
 
