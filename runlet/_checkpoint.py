@@ -308,6 +308,79 @@ def _register_tuples(converter: cattrs.Converter) -> None:
         converter.register_unstructure_hook_func(is_tuple, unstructure_tuple)
 
 
+_CALL_KEYS = frozenset({"id", "name", "arguments"})
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_result", "reasoning"})
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _register_hot_paths(converter: cattrs.Converter) -> None:
+    """Hand-written hooks for the classes every checkpoint holds many of (messages and
+    tool calls): the same data in and out as the generated ones, about twice as fast.
+
+    They only accept data that is exactly right and raise on anything else, since the
+    detailed converter then re-does the work to say precisely what is wrong.
+    """
+    result_in = converter.get_structure_hook(ToolResult)
+    result_out = converter.get_unstructure_hook(ToolResult)
+    reasoning_in = converter.get_structure_hook(tuple[ReasoningPart, ...])
+    reasoning_out = converter.get_unstructure_hook(tuple[ReasoningPart, ...])
+    arguments_out = converter.get_unstructure_hook(Mapping[str, Any])
+
+    def call_in(data: Any, _: Any = None) -> ToolCall:
+        if type(data) is not dict or not data.keys() <= _CALL_KEYS:
+            raise TypeError("not a tool call")
+        id_, name = data["id"], data["name"]
+        if type(id_) is not str or type(name) is not str:
+            raise TypeError("not a tool call")
+        if "arguments" not in data:
+            return ToolCall(id_, name)
+        arguments = data["arguments"]
+        if type(arguments) is not dict:
+            raise TypeError("not a tool call")
+        return ToolCall(id_, name, arguments)
+
+    def call_out(call: ToolCall) -> dict[str, Any]:
+        data = {"id": call.id, "name": call.name}
+        if call.arguments:
+            data["arguments"] = arguments_out(call.arguments)
+        return data
+
+    def message_in(data: Any, _: Any = None) -> Message:
+        if type(data) is not dict or not data.keys() <= _MESSAGE_KEYS:
+            raise TypeError("not a message")
+        role, content = data["role"], data["content"]
+        if type(role) is not str or role not in _ROLES or type(content) is not str:
+            raise TypeError("not a message")
+        calls: tuple[ToolCall, ...] = ()
+        if "tool_calls" in data:
+            items = data["tool_calls"]
+            if type(items) is not list:
+                raise TypeError("not a message")
+            calls = tuple([call_in(item) for item in items])
+        result = None
+        if "tool_result" in data and data["tool_result"] is not None:
+            result = result_in(data["tool_result"], ToolResult)
+        if "reasoning" not in data:
+            return Message(role, content, calls, result)  # type: ignore[arg-type]
+        reasoning = reasoning_in(data["reasoning"], tuple[ReasoningPart, ...])
+        return Message(role, content, calls, result, reasoning=reasoning)  # type: ignore[arg-type]
+
+    def message_out(message: Message) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            data["tool_calls"] = [call_out(call) for call in message.tool_calls]
+        if message.tool_result is not None:
+            data["tool_result"] = result_out(message.tool_result)
+        if message.reasoning:
+            data["reasoning"] = reasoning_out(message.reasoning)
+        return data
+
+    converter.register_structure_hook(ToolCall, call_in)
+    converter.register_unstructure_hook(ToolCall, call_out)
+    converter.register_structure_hook(Message, message_in)
+    converter.register_unstructure_hook(Message, message_out)
+
+
 def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter = cattrs.Converter(
         omit_if_default=True, forbid_extra_keys=True, detailed_validation=detailed
@@ -319,6 +392,7 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter.register_unstructure_hook(datetime, _unstructure_datetime)
     converter.register_structure_hook(datetime, _structure_datetime)
     if not detailed:
+        _register_hot_paths(converter)
         _register_tuples(converter)
     # The version is written even though it equals its default: readers rely on it.
     converter.register_unstructure_hook(
