@@ -72,9 +72,9 @@ class Counts:
     same counts so the figures compare like with like."""
 
     reps: int = 7
-    w1_runs: int = 40
+    w1_runs: int = 100
     w2_runs: int = 10
-    w3_round_trips: int = 60
+    w3_round_trips: int = 200
     w4_runs: int = 2_000
     w4_reps: int = 2
     w4_warmup_runs: int = 100
@@ -240,13 +240,18 @@ def main(build: Callable[[], Workloads], argv: Sequence[str] | None = None) -> i
     except ModuleNotFoundError as exc:
         print(f"{exc.name} is not installed; pip install -e '.[peers]' adds it", file=sys.stderr)
         return MISSING
+    # How busy the machine was (1, 5, 15-minute load averages): on a shared machine,
+    # other work slows every figure down; the driver warns about it.
+    load_before = os.getloadavg()
+    measured = anyio.run(measure, side, counts, args.workload or ["w1", "w2", "w3", "w4"])
     document = {
         "framework": side.framework,
         "versions": versions(side.packages),
         "python": sys.version.split()[0],
         "counts": asdict(counts),
         "notes": side.notes,
-        **anyio.run(measure, side, counts, args.workload or ["w1", "w2", "w3", "w4"]),
+        "loadavg": {"before": load_before, "after": os.getloadavg()},
+        **measured,
     }
     text = json.dumps(document, indent=2) + "\n"
     if args.json:

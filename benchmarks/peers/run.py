@@ -184,6 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed.append(name)
         else:
             data["sides"][name] = document
+            busiest = max(document["loadavg"]["before"][0], document["loadavg"]["after"][0])
+            if busiest > (os.cpu_count() or 1) * 0.75:
+                print(
+                    f"warning: load average {busiest:.1f} on {os.cpu_count()} CPUs while "
+                    f"{name} ran; other work on this machine slows the figures down",
+                    file=sys.stderr,
+                )
 
     if data["sides"]:
         print(table(data))
