@@ -7,9 +7,11 @@ Usage::
     python benchmarks/chart.py --table                           # also print the table
 
 Three panels, each on a log scale because the frameworks differ by orders of magnitude:
-time per model turn (W1), human round trips per second (W3) and the wall time of the
-concurrent runs (W4). Each bar is the median; the thin line across it spans the minimum
-and maximum of the repetitions. Needs matplotlib (in the ``peers`` extra).
+CPU time per model turn (W1), human round trips per CPU second (W3) and the CPU time of
+the concurrent runs (W4). CPU time is the framework process's own, so other work on a
+shared machine does not inflate it; the wall-clock figures are in the JSON and the table.
+Each bar is the median; the thin line across it spans the minimum and maximum of the
+repetitions. Needs matplotlib (in the ``peers`` extra).
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ DEFAULT_OUT = ROOT / "docs" / "_static" / "peers.svg"
 
 #: (figure key, panel title, axis label, higher is better)
 PANELS = [
-    ("w1_us_per_turn", "W1: time per model turn", "µs per turn (log scale)", False),
+    ("w1_us_per_turn", "W1: CPU time per model turn", "µs per turn (log scale)", False),
     (
         "w3_round_trips_per_s",
-        "W3: human round trips per second",
+        "W3: human round trips per CPU second",
         "round trips per second (log scale)",
         True,
     ),
-    ("w4_wall_ms", "W4: wall time, {w4_runs:,} concurrent runs", "ms (log scale)", False),
+    ("w4_ms", "W4: CPU time for {w4_runs:,} concurrent runs", "ms (log scale)", False),
 ]
 RUNLET = "#2a7ab0"
 PEER = "#9a9a9a"

@@ -45,7 +45,7 @@ def test_driver_runs_runlet_and_skips_missing_peers(
     assert set() == set(data["sides"]) & set(data["skipped"])
     runlet = data["sides"]["runlet"]
     assert "Runlet" == runlet["framework"]
-    assert set(run.FIGURES) == set(runlet["figures"])
+    assert set(run.FIGURES) <= set(runlet["figures"])
     for side in FRAMEWORK_MODULES:
         if installed(side):
             assert side in data["sides"], side
@@ -60,7 +60,7 @@ def test_driver_runs_runlet_and_skips_missing_peers(
         assert json.loads(checks["w3"]["checkpoint_json"]), side
         assert common.SMOKE.w4_runs == checks["w4"]["runs"], side
     captured = capsys.readouterr()
-    assert "| W1 tool loop: time per model turn" in captured.out
+    assert "| W1 tool loop: CPU time per model turn" in captured.out
     for side in data["skipped"]:
         assert f"skipping {side}:" in captured.err
 
