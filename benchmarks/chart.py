@@ -81,10 +81,10 @@ def draw(data: dict[str, Any], out: Path) -> None:
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=8)
         ax.set_xlim(min(medians) / 3, max(max(s) for s in samples) * 8)
-        for y, m in zip(ys, medians, strict=True):
+        for y, m, s_ in zip(ys, medians, samples, strict=True):
             ax.annotate(
                 f"{m:,.0f}" if m >= 100 else f"{m:.3g}",
-                (m, y),
+                (max(m, *s_), y),  # right of the min-max line
                 xytext=(4, 0),
                 textcoords="offset points",
                 va="center",
