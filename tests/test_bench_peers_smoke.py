@@ -111,3 +111,24 @@ def test_table_and_headline_compare_with_runlet() -> None:
     assert "100x less time per model turn than the fastest peer (LangGraph), " + (
         "measured 2026-11-30"
     ) == run.headline(data)
+
+
+def test_the_docs_show_what_the_committed_results_say() -> None:
+    # The table, the chart and the README's headline come from benchmarks/results/peers.json
+    # (benchmarks/chart.py); none of them is edited by hand.
+    data = json.loads((ROOT / "benchmarks" / "results" / "peers.json").read_text())
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    chart = (ROOT / "docs" / "_static" / "peers.svg").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+
+    assert data["smoke"] is False
+    assert {"runlet", "pydantic_ai", "openai_agents", "langgraph"} == set(data["sides"])
+    assert run.table(data) in page
+    assert "_static/peers.svg" in page
+    for document in data["sides"].values():
+        assert document["framework"] in chart
+    line = run.headline(data)
+    assert line is not None
+    ratio = line.split("x less", 1)[0]
+    assert f"about {ratio}\N{MULTIPLICATION SIGN} less" in readme
+    assert f"measured {data['date']}" in readme
