@@ -188,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             data["sides"][name] = document
             busiest = max(document["loadavg"]["before"][0], document["loadavg"]["after"][0])
-            if busiest > (os.cpu_count() or 1) * 0.75:
+            # The side itself keeps one CPU busy; more than the machine has is contention.
+            if busiest > (os.cpu_count() or 1):
                 print(
                     f"warning: load average {busiest:.1f} on {os.cpu_count()} CPUs while "
                     f"{name} ran; other work on this machine slows the figures down",
