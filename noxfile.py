@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import runpy
+import shutil
 from pathlib import Path
 
 import nox
@@ -83,6 +84,8 @@ def types(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning or broken reference fails, and so does an API
     reference that shows internals (see ``api_page_problems``)."""
+    if shutil.which("dot") is None:  # the diagrams are drawn by Graphviz at build time
+        session.error("Graphviz's `dot` is missing: apt-get install graphviz (or brew install)")
     session.install("-e", ".[docs,postgres]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
@@ -118,3 +121,16 @@ def bench_smoke(session: nox.Session) -> None:
     """The benchmarks with tiny counts, so they keep working; nothing is timed."""
     session.install("-e", ".[bench]")
     session.run("python", "benchmarks/run.py", "--smoke", *session.posargs)
+
+
+@nox.session(python="3.11")
+def bench_peers(session: nox.Session) -> None:
+    """Runlet side by side with Pydantic AI, the OpenAI Agents SDK and LangGraph; writes
+    benchmarks/results/peers.json and redraws docs/_static/peers.svg. Not run by default:
+    it installs the peers (the `peers` extra) and takes several minutes."""
+    session.install("-e", ".[peers]")
+    smoke = "--smoke" in session.posargs  # must not overwrite the committed results
+    out = "benchmarks/results/peers-smoke.json" if smoke else "benchmarks/results/peers.json"
+    session.run("python", "benchmarks/peers/run.py", "--json", out, *session.posargs)
+    if not smoke:
+        session.run("python", "benchmarks/chart.py", out)

@@ -26,8 +26,12 @@ version = ".".join(release.split(".")[:2])
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.graphviz",
     "sphinx.ext.napoleon",
 ]
+# Diagrams are drawn by Graphviz's `dot` at build time into SVG files served with the
+# docs: nothing is fetched when the docs are built or read.
+graphviz_output_format = "svg"
 
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
