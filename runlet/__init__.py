@@ -31,6 +31,7 @@ from ._errors import ModelError as ModelError
 from ._errors import ModelResponseError as ModelResponseError
 from ._errors import ResumeError as ResumeError
 from ._errors import RunletError as RunletError
+from ._errors import StoreSchemaError as StoreSchemaError
 from ._events import Interrupted as Interrupted
 from ._events import MessageCompleted as MessageCompleted
 from ._events import RunFinished as RunFinished
@@ -140,6 +141,7 @@ __all__ = [
     "RunletError",
     "Runtime",
     "STREAM_BUFFER_SIZE",
+    "StoreSchemaError",
     "StoredCheckpoint",
     "StreamEvent",
     "StreamingModel",

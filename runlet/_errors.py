@@ -8,7 +8,8 @@ The tree::
 
     RunletError
     ├── ConfigurationError            a ToolSpec, Agent or Runtime is set up wrongly
-    │   └── CheckpointStoreRequiredError   a run must interrupt, but there is no store
+    │   ├── CheckpointStoreRequiredError   a run must interrupt, but there is no store
+    │   └── StoreSchemaError          a store's database has tables of an unknown schema
     ├── ModelError                    the model adapter failed
     │   ├── ModelResponseError        it answered with something unusable
     │   ├── ModelAPIError             the API answered with an error status
@@ -57,6 +58,7 @@ __all__ = [
     "ModelResponseError",
     "ResumeError",
     "RunletError",
+    "StoreSchemaError",
 ]
 
 
@@ -79,6 +81,22 @@ class CheckpointStoreRequiredError(ConfigurationError):
 
     Give the runtime a store: ``Runtime(checkpoint_store=InMemoryCheckpointStore())``.
     """
+
+
+class StoreSchemaError(ConfigurationError):
+    """Raised when a durable store (:mod:`runlet.stores`) opens a database whose Runlet
+    tables were written by a schema version this Runlet does not know, typically by a
+    newer release. Nothing is changed in the database.
+
+    Attributes:
+        found: The schema version recorded in the database.
+        expected: The version this Runlet reads and writes.
+    """
+
+    def __init__(self, message: str, *, found: object, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class ModelError(RunletError):

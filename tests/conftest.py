@@ -23,3 +23,6 @@ BACKENDS: tuple[str, ...] = (_selected,) if _selected else _BACKENDS
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+from _postgres import postgres_server as postgres_server  # noqa: E402

@@ -1,0 +1,587 @@
+"""What the SQL stores share: each protocol method as one short transaction of named
+statements, run in a worker thread.
+
+A store module supplies its :class:`Statements` (every SQL text it runs, as constants),
+its connections and its transactions; nothing here builds SQL. The claim is one
+conditional ``UPDATE … RETURNING`` whose lease arithmetic uses the database clock; every
+write after a claim names the token in its ``WHERE`` clause, so a write by a resume that
+lost its lease changes nothing and raises :class:`~runlet.LeaseLostError`.
+
+Threads: every database call runs in an anyio worker thread, at most as many at once as
+the store has connections (a capacity limiter). A worker thread always runs its whole
+transaction to the end (commit or rollback) before it returns, because the calls do not
+abandon their thread on cancellation: a cancelled call takes effect once the thread is
+done, so no connection is ever left inside a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.to_thread
+import attrs
+
+from .. import _store
+from .._checkpoint import (
+    Checkpoint,
+    structure,
+    structure_checkpoint,
+    unstructure,
+    unstructure_checkpoint,
+)
+from .._errors import CheckpointClaimedError, ConfigurationError, StoreSchemaError
+from .._human import Decision
+from .._store import (
+    CallRecord,
+    Claim,
+    PendingRequest,
+    Resolution,
+    StoredCheckpoint,
+    cancelled_error,
+    check_lease,
+    check_limit,
+    lease_lost,
+    metadata_matches,
+    new_token,
+    not_found,
+    resolved_error,
+)
+
+__all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
+
+SCHEMA_VERSION: Final = 1
+"""The version of the tables the stores create, kept in ``runlet_schema``."""
+
+Connection = Any
+"""A DB-API connection (``sqlite3.Connection``, ``psycopg.Connection``): both have
+``execute(sql, params)`` returning a cursor with ``fetchone``, ``fetchall``, ``rowcount``."""
+
+T = TypeVar("T")
+S = TypeVar("S", bound="SQLStore")
+
+# Workaround: runlet/__init__.py sets Resolution.__module__ to "runlet", where the name
+# `datetime` of its annotations is not defined, so cattrs could not resolve its field
+# types lazily. Resolve them here, against the module that defines the class.
+attrs.resolve_types(Resolution, globalns=vars(_store))
+
+# A claim that a concurrent writer changed between the conditional UPDATE and the SELECT
+# that explains its failure (PostgreSQL, READ COMMITTED) is tried again this many times.
+_CLAIM_ATTEMPTS = 5
+
+
+@attrs.frozen(kw_only=True)
+class Statements:
+    """Every SQL text one store runs; named parameters are the same across stores."""
+
+    schema_lock: str | None
+    schema_table: str
+    read_version: str
+    write_version: str
+    create: tuple[str, ...]
+    save: str
+    load: str
+    state: str
+    get: str
+    records: str
+    claim: str
+    holder: str
+    renew: str
+    record: str
+    resolve: str
+    release: str
+    cancel: str
+    delete_records: str
+    delete: str
+    seq: str
+    page: str
+    decisions: str
+    purge_records: str
+    purge: str
+
+
+class SQLStore:
+    """The durable store protocol on a SQL database (the shared part of the SQLite and
+    PostgreSQL stores)."""
+
+    _sql: Statements
+    _name: str
+
+    def __init__(self, *, lease: float | None, connections: int) -> None:
+        check_lease(lease)
+        if type(connections) is not int or connections < 1:
+            raise ConfigurationError(
+                f"The number of connections must be a positive int, not {connections!r}."
+            )
+        self._lease = lease
+        self._connections = connections
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    # -- what a store module supplies ----------------------------------------------------
+
+    def _connect(self) -> None:
+        """Open the connections (in a worker thread)."""
+        raise NotImplementedError
+
+    def _disconnect(self) -> None:
+        """Close every connection (in a worker thread)."""
+        raise NotImplementedError
+
+    def _connection(self, *, write: bool, single: bool) -> AbstractContextManager[Connection]:
+        """A connection inside a transaction (a write transaction when *write*); with
+        *single* the caller runs one statement, which the store may run on its own."""
+        raise NotImplementedError
+
+    def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+        """Parameters of the ``page`` statement's metadata pre-filter: rows whose
+        metadata has every key of *keys*, and equal values for *scalars* where the
+        database compares them as Python does. Python checks the rows it returns."""
+        raise NotImplementedError
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def lease(self) -> float | None:
+        """Seconds a claim lasts without renewal; ``None`` means until released."""
+        return self._lease
+
+    async def __aenter__(self: S) -> S:
+        if self._limiter is not None:
+            raise ConfigurationError(f"This {self._name} is already open; enter it once.")
+        await anyio.to_thread.run_sync(self._open)
+        self._limiter = anyio.CapacityLimiter(self._connections)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._limiter = None
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._disconnect)
+
+    def _open(self) -> None:
+        self._connect()
+        try:
+            with self._connection(write=True, single=False) as conn:
+                self._check_schema(conn)
+        except BaseException:
+            self._disconnect()
+            raise
+
+    def _check_schema(self, conn: Connection) -> None:
+        sql = self._sql
+        if sql.schema_lock is not None:
+            conn.execute(sql.schema_lock)
+        conn.execute(sql.schema_table)
+        found = {row[0] for row in conn.execute(sql.read_version).fetchall()}
+        if not found:
+            for statement in sql.create:
+                conn.execute(statement)
+            conn.execute(sql.write_version, {"version": SCHEMA_VERSION})
+        elif found != {SCHEMA_VERSION}:
+            shown = ", ".join(str(version) for version in sorted(found, key=str))
+            raise StoreSchemaError(
+                f"This database holds Runlet store tables of schema version {shown}, but this "
+                f"Runlet knows version {SCHEMA_VERSION} only. Use the Runlet release that "
+                "created them (or a newer one), or point the store at another database. "
+                "Nothing was changed.",
+                found=next(iter(found)) if len(found) == 1 else tuple(sorted(found, key=str)),
+                expected=SCHEMA_VERSION,
+            )
+
+    async def _run(self, work: Callable[[], T]) -> T:
+        limiter = self._limiter
+        if limiter is None:
+            raise ConfigurationError(
+                f"This {self._name} is not open. Use it as an async context manager: "
+                f"`async with {self._name}(...) as store:` and use the store inside the block."
+            )
+        return await anyio.to_thread.run_sync(work, limiter=limiter)
+
+    # -- the three-method protocol -------------------------------------------------------
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        """Store *checkpoint* as pending (replacing the data of one with the same id,
+        whose state is kept).
+
+        Raises:
+            CheckpointSerializationError: The checkpoint holds data that is not JSON.
+        """
+
+        def work() -> None:
+            params = _checkpoint_params(checkpoint)
+            with self._connection(write=True, single=True) as conn:
+                conn.execute(self._sql.save, params)
+
+        await self._run(work)
+
+    async def load(self, checkpoint_id: str) -> Checkpoint:
+        """Return the checkpoint, whatever its state.
+
+        Raises:
+            CheckpointNotFoundError: There is none with this id.
+            CheckpointCancelledError: It was cancelled.
+        """
+
+        def work() -> Checkpoint:
+            with self._connection(write=False, single=True) as conn:
+                row = conn.execute(self._sql.load, {"id": checkpoint_id}).fetchone()
+            if row is None:
+                raise not_found(checkpoint_id)
+            if row[0] == "cancelled":
+                raise cancelled_error(checkpoint_id)
+            return _checkpoint(row[1])
+
+        return await self._run(work)
+
+    async def delete(self, checkpoint_id: str) -> None:
+        """Forget the checkpoint with its records and outcome; nothing if there is none."""
+
+        def work() -> None:
+            with self._connection(write=True, single=False) as conn:
+                conn.execute(self._sql.delete_records, {"id": checkpoint_id})
+                conn.execute(self._sql.delete, {"id": checkpoint_id})
+
+        await self._run(work)
+
+    # -- the durable protocol ------------------------------------------------------------
+
+    async def get(self, checkpoint_id: str) -> StoredCheckpoint:
+        """The checkpoint with its status, records and resolution.
+
+        Raises:
+            CheckpointNotFoundError: There is none with this id.
+        """
+
+        def work() -> StoredCheckpoint:
+            with self._connection(write=False, single=False) as conn:
+                row = conn.execute(self._sql.get, {"id": checkpoint_id}).fetchone()
+                if row is None:
+                    raise not_found(checkpoint_id)
+                records = conn.execute(self._sql.records, {"id": checkpoint_id}).fetchall()
+            status, data, resolution = row
+            return StoredCheckpoint(
+                checkpoint=_checkpoint(data),
+                status=status,
+                records=_records(records),
+                resolution=None if resolution is None else _resolution(resolution),
+            )
+
+        return await self._run(work)
+
+    async def claim(self, checkpoint_id: str) -> Claim:
+        """Take the checkpoint for one resume, in one conditional ``UPDATE``: it succeeds
+        when the checkpoint is pending, or claimed under a lease that has run out by the
+        database's clock. A cancelled call gives the claim back before it re-raises.
+
+        Raises:
+            CheckpointNotFoundError: There is none with this id.
+            CheckpointCancelledError: It was cancelled.
+            CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
+            CheckpointClaimedError: Another claim holds it and its lease has not run out.
+        """
+        token = new_token()
+        params = {"id": checkpoint_id, "token": token, "lease": self._lease}
+
+        def work() -> Claim:
+            with self._connection(write=True, single=False) as conn:
+                for _ in range(_CLAIM_ATTEMPTS):
+                    row = conn.execute(self._sql.claim, params).fetchone()
+                    if row is not None:
+                        records = conn.execute(self._sql.records, params).fetchall()
+                        break
+                    self._refuse(conn, checkpoint_id, cancelling=False)
+                else:  # pragma: no cover - needs five lost races in a row
+                    raise _claimed(checkpoint_id)
+            return Claim(checkpoint=_checkpoint(row[0]), token=token, records=_records(records))
+
+        try:
+            return await self._run(work)
+        except anyio.get_cancelled_exc_class():
+            # The thread may have claimed before the cancellation took effect: nobody
+            # holds that token, so give the checkpoint back instead of waiting a lease.
+            with anyio.CancelScope(shield=True):
+                await self.release(checkpoint_id, token)
+            raise
+
+    async def renew(self, checkpoint_id: str, token: str) -> None:
+        """Extend the claim's lease by :attr:`lease` seconds from now (database clock).
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        params = {"id": checkpoint_id, "token": token, "lease": self._lease}
+
+        def work() -> None:
+            with self._connection(write=True, single=True) as conn:
+                renewed = conn.execute(self._sql.renew, params).rowcount
+            if renewed != 1:
+                raise lease_lost(checkpoint_id)
+
+        await self._run(work)
+
+    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+        """Add or replace (by ``tool_call_id``) records of the checkpoint, in one
+        transaction that first checks the token.
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        rows = [
+            {
+                "id": checkpoint_id,
+                "tool_call_id": record.tool_call_id,
+                "data": dumps(unstructure(record)),
+                "decided_at": record.decision.decided_at.isoformat(),
+            }
+            for record in records
+        ]
+
+        def work() -> None:
+            with self._connection(write=True, single=False) as conn:
+                held = conn.execute(self._sql.holder, {"id": checkpoint_id, "token": token})
+                row = held.fetchone()
+                if row is None:
+                    raise lease_lost(checkpoint_id)
+                for params in rows:
+                    conn.execute(self._sql.record, {**params, "run_id": row[0]})
+
+        await self._run(work)
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        """Mark the checkpoint resolved with *resolution* and save *next_checkpoint* as
+        pending, in one transaction.
+
+        Raises:
+            LeaseLostError: *token* no longer holds the checkpoint.
+        """
+        params = {"id": checkpoint_id, "token": token}
+
+        def work() -> None:
+            params["resolution"] = dumps(unstructure(resolution))
+            after = None if next_checkpoint is None else _checkpoint_params(next_checkpoint)
+            with self._connection(write=True, single=after is None) as conn:
+                if conn.execute(self._sql.resolve, params).rowcount != 1:
+                    raise lease_lost(checkpoint_id)
+                if after is not None:
+                    conn.execute(self._sql.save, after)
+
+        await self._run(work)
+
+    async def release(self, checkpoint_id: str, token: str) -> None:
+        """Give the claim back, so the checkpoint is pending again (records are kept).
+        Does nothing if *token* no longer holds it."""
+
+        def work() -> None:
+            with self._connection(write=True, single=True) as conn:
+                conn.execute(self._sql.release, {"id": checkpoint_id, "token": token})
+
+        await self._run(work)
+
+    async def cancel(self, checkpoint_id: str) -> None:
+        """Retire the checkpoint without resolving it; cancelling twice is fine.
+
+        Raises:
+            CheckpointNotFoundError: There is none with this id.
+            CheckpointClaimedError: A resume holds it right now (its lease holds).
+            CheckpointResolvedError: It was already resolved.
+        """
+
+        def work() -> None:
+            with self._connection(write=True, single=False) as conn:
+                for _ in range(_CLAIM_ATTEMPTS):
+                    if conn.execute(self._sql.cancel, {"id": checkpoint_id}).rowcount == 1:
+                        return
+                    self._refuse(conn, checkpoint_id, cancelling=True)
+            raise _claimed(checkpoint_id)  # pragma: no cover - five lost races in a row
+
+        await self._run(work)
+
+    async def list_pending(
+        self,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        agent_name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Sequence[PendingRequest]:
+        """Checkpoints waiting for an answer (pending or claimed), oldest first.
+
+        Args:
+            limit: At most this many.
+            after: The last ``checkpoint_id`` of the previous page.
+            agent_name: Only this agent's.
+            metadata: Only runs whose metadata has each of these top-level keys with an
+                equal value.
+
+        Raises:
+            CheckpointNotFoundError: *after* names no checkpoint of this store.
+            ConfigurationError: *limit* is not a positive int.
+        """
+        check_limit(limit)
+        wanted = dict(metadata) if metadata else {}
+        prefilter = _prefilter(wanted)
+
+        def work() -> list[PendingRequest]:
+            with self._connection(write=False, single=False) as conn:
+                start = 0
+                if after is not None:
+                    row = conn.execute(self._sql.seq, {"id": after}).fetchone()
+                    if row is None:
+                        raise not_found(after)
+                    start = row[0]
+                if prefilter is None:
+                    return []
+                params = {"agent_name": agent_name, "limit": limit, **self._filter(*prefilter)}
+                return _pages(conn, self._sql.page, params, start, wanted, limit)
+
+        return await self._run(work)
+
+    async def decisions(self, run_id: str) -> Sequence[Decision]:
+        """Every decision recorded for the run's checkpoints, oldest first."""
+
+        def work() -> list[Decision]:
+            with self._connection(write=False, single=True) as conn:
+                rows = conn.execute(self._sql.decisions, {"run_id": run_id}).fetchall()
+            found = [record.decision for record in _records(rows)]
+            found.sort(key=lambda decision: decision.decided_at)
+            return found
+
+        return await self._run(work)
+
+    async def purge_resolved(self, *, older_than: timedelta | float) -> int:
+        """Delete resolved and cancelled checkpoints (with their records) that finished
+        at least *older_than* ago (a :class:`~datetime.timedelta` or seconds), by the
+        database's clock. Returns how many checkpoints were deleted.
+
+        A purged checkpoint is gone: resuming it again raises
+        :class:`~runlet.CheckpointNotFoundError` instead of returning the stored result,
+        and :meth:`decisions` no longer lists its decisions. Keep resolved records for
+        as long as a client may repeat a response, or your audit rules require.
+
+        Raises:
+            ConfigurationError: *older_than* is negative or not a duration.
+        """
+        age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        if type(age) not in (int, float) or not 0 <= age < math.inf:
+            raise ConfigurationError(
+                "purge_resolved(older_than=...) must be a timedelta or a non-negative number "
+                f"of seconds, not {older_than!r}."
+            )
+        params = {"age": float(age)}
+
+        def work() -> int:
+            with self._connection(write=True, single=False) as conn:
+                conn.execute(self._sql.purge_records, params)
+                purged: int = conn.execute(self._sql.purge, params).rowcount
+            return purged
+
+        return await self._run(work)
+
+    def _refuse(self, conn: Connection, checkpoint_id: str, *, cancelling: bool) -> None:
+        """Raise why a conditional claim or cancel changed nothing; return if the row is
+        claimable after all (a concurrent writer changed it meanwhile)."""
+        row = conn.execute(self._sql.state, {"id": checkpoint_id}).fetchone()
+        if row is None:
+            raise not_found(checkpoint_id)
+        status, resolution, held = row
+        if status == "claimed" and held:
+            if cancelling:
+                raise CheckpointClaimedError(
+                    f"Checkpoint {checkpoint_id!r} is being resumed right now and cannot be "
+                    "cancelled; try again once that resume has finished or failed.",
+                    checkpoint_id=checkpoint_id,
+                )
+            raise _claimed(checkpoint_id)
+        if status == "resolved":
+            raise resolved_error(checkpoint_id, _resolution(resolution))
+        if status == "cancelled" and not cancelling:
+            raise cancelled_error(checkpoint_id)
+
+
+def _pages(
+    conn: Connection,
+    statement: str,
+    params: dict[str, Any],
+    start: int,
+    wanted: Mapping[str, Any],
+    limit: int,
+) -> list[PendingRequest]:
+    found: list[PendingRequest] = []
+    while True:
+        rows = conn.execute(statement, {**params, "after": start}).fetchall()
+        for _, data in rows:
+            checkpoint = _checkpoint(data)
+            if metadata_matches(checkpoint.metadata, wanted):
+                found.append(PendingRequest.of(checkpoint))
+                if len(found) == limit:
+                    return found
+        if len(rows) < limit:
+            return found
+        start = rows[-1][0]
+
+
+def _prefilter(wanted: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]] | None:
+    """The metadata filter as ``(scalars, keys)`` for the SQL pre-filter, or ``None``
+    when no stored (JSON) metadata can match."""
+    scalars: dict[str, Any] = {}
+    for key, value in wanted.items():
+        if not isinstance(key, str):
+            return None
+        if isinstance(value, str) or (
+            isinstance(value, (int, float)) and math.isfinite(value) and abs(value) < 2**53
+        ):
+            scalars[key] = value
+    return scalars, list(wanted)
+
+
+def _claimed(checkpoint_id: str) -> CheckpointClaimedError:
+    return CheckpointClaimedError(
+        f"Checkpoint {checkpoint_id!r} is being resumed by another caller right now. Wait "
+        "for that resume: it either resolves the checkpoint (then repeating your response "
+        "returns its result) or leaves it resumable once it fails or its lease runs out.",
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON text."""
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _checkpoint_params(checkpoint: Checkpoint) -> dict[str, Any]:
+    data = unstructure_checkpoint(checkpoint)
+    return {
+        "id": checkpoint.id,
+        "run_id": checkpoint.run_id,
+        "agent_name": checkpoint.agent_name,
+        "data": dumps(data),
+        "metadata": dumps(data.get("metadata", {})),
+    }
+
+
+def _checkpoint(text: str) -> Checkpoint:
+    return structure_checkpoint(json.loads(text))
+
+
+def _resolution(text: str) -> Resolution:
+    return structure(json.loads(text), Resolution, what="resolution")
+
+
+def _records(rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> tuple[CallRecord, ...]:
+    return tuple(structure(json.loads(row[0]), CallRecord, what="record") for row in rows)

@@ -1,0 +1,338 @@
+"""A durable checkpoint store in PostgreSQL: many workers on many machines.
+
+Needs the extra ``runlet[postgres]`` (psycopg 3 and psycopg-pool). Neither async
+PostgreSQL driver runs on trio, so the store uses psycopg's synchronous connections from
+a :class:`psycopg_pool.ConnectionPool`, each call in an anyio worker thread, at most as
+many at once as the pool has connections.
+
+Claims are one conditional ``UPDATE … RETURNING`` (row locks make concurrent claimers
+queue, and exactly one finds the row claimable); lease expiry is computed by the server's
+``clock_timestamp()``, so the workers' clocks do not matter. The tables are created on
+first use under a transaction-scoped advisory lock, so workers starting together do not
+trip over each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from .._errors import ConfigurationError
+from ._sql import SQLStore, Statements, dumps
+
+try:
+    import psycopg
+    import psycopg_pool
+except ImportError as exc:  # pragma: no cover - the tests install the extra
+    raise ImportError(
+        'runlet.stores.postgres needs psycopg 3 and psycopg-pool: pip install "runlet[postgres]"'
+    ) from exc
+
+__all__ = ["PostgresCheckpointStore"]
+
+# Any fixed number works; it only has to be the same in every process. ("runlet" in hex.)
+SCHEMA_LOCK: Final = "SELECT pg_advisory_xact_lock(114715857004660)"
+
+SCHEMA_TABLE: Final = "CREATE TABLE IF NOT EXISTS runlet_schema (version integer NOT NULL)"
+
+READ_VERSION: Final = "SELECT version FROM runlet_schema"
+
+WRITE_VERSION: Final = "INSERT INTO runlet_schema (version) VALUES (%(version)s)"
+
+CREATE_CHECKPOINTS: Final = """
+CREATE TABLE IF NOT EXISTS runlet_checkpoints (
+    id text PRIMARY KEY,
+    seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    run_id text NOT NULL,
+    agent_name text NOT NULL,
+    status text NOT NULL
+        CHECK (status IN ('pending', 'claimed', 'resolved', 'cancelled')),
+    token text,
+    lease_until timestamptz,
+    data text NOT NULL,
+    metadata jsonb NOT NULL,
+    resolution text,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz
+)
+"""
+
+CREATE_OPEN_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_checkpoints_open
+ON runlet_checkpoints (seq) WHERE status IN ('pending', 'claimed')
+"""
+
+CREATE_FINISHED_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_checkpoints_finished
+ON runlet_checkpoints (finished_at) WHERE finished_at IS NOT NULL
+"""
+
+CREATE_RECORDS: Final = """
+CREATE TABLE IF NOT EXISTS runlet_records (
+    checkpoint_id text NOT NULL,
+    tool_call_id text NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    run_id text NOT NULL,
+    data text NOT NULL,
+    decided_at timestamptz NOT NULL,
+    PRIMARY KEY (checkpoint_id, tool_call_id)
+)
+"""
+
+CREATE_RECORDS_RUN_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_records_run ON runlet_records (run_id)
+"""
+
+SAVE: Final = """
+INSERT INTO runlet_checkpoints (id, run_id, agent_name, status, data, metadata)
+VALUES (%(id)s, %(run_id)s, %(agent_name)s, 'pending', %(data)s, %(metadata)s::jsonb)
+ON CONFLICT (id) DO UPDATE SET
+    run_id = excluded.run_id,
+    agent_name = excluded.agent_name,
+    data = excluded.data,
+    metadata = excluded.metadata
+"""
+
+LOAD: Final = "SELECT status, data FROM runlet_checkpoints WHERE id = %(id)s"
+
+STATE: Final = """
+SELECT status, resolution, lease_until IS NULL OR lease_until > clock_timestamp()
+FROM runlet_checkpoints WHERE id = %(id)s
+"""
+
+GET: Final = "SELECT status, data, resolution FROM runlet_checkpoints WHERE id = %(id)s"
+
+RECORDS: Final = "SELECT data FROM runlet_records WHERE checkpoint_id = %(id)s ORDER BY seq"
+
+CLAIM: Final = """
+UPDATE runlet_checkpoints
+SET status = 'claimed',
+    token = %(token)s,
+    lease_until = clock_timestamp() + %(lease)s::float8 * interval '1 second'
+WHERE id = %(id)s
+  AND (status = 'pending'
+       OR (status = 'claimed' AND lease_until <= clock_timestamp()))
+RETURNING data
+"""
+
+# FOR UPDATE: a takeover waits until this transaction's records are committed.
+HOLDER: Final = """
+SELECT run_id FROM runlet_checkpoints
+WHERE id = %(id)s AND status = 'claimed' AND token = %(token)s
+FOR UPDATE
+"""
+
+RENEW: Final = """
+UPDATE runlet_checkpoints
+SET lease_until = clock_timestamp() + %(lease)s::float8 * interval '1 second'
+WHERE id = %(id)s AND status = 'claimed' AND token = %(token)s
+"""
+
+RECORD: Final = """
+INSERT INTO runlet_records (checkpoint_id, tool_call_id, run_id, data, decided_at)
+VALUES (%(id)s, %(tool_call_id)s, %(run_id)s, %(data)s, %(decided_at)s::timestamptz)
+ON CONFLICT (checkpoint_id, tool_call_id) DO UPDATE SET
+    data = excluded.data,
+    decided_at = excluded.decided_at
+"""
+
+RESOLVE: Final = """
+UPDATE runlet_checkpoints
+SET status = 'resolved',
+    token = NULL,
+    lease_until = NULL,
+    resolution = %(resolution)s,
+    finished_at = clock_timestamp()
+WHERE id = %(id)s AND status = 'claimed' AND token = %(token)s
+"""
+
+RELEASE: Final = """
+UPDATE runlet_checkpoints
+SET status = 'pending', token = NULL, lease_until = NULL
+WHERE id = %(id)s AND status = 'claimed' AND token = %(token)s
+"""
+
+CANCEL: Final = """
+UPDATE runlet_checkpoints
+SET status = 'cancelled',
+    token = NULL,
+    lease_until = NULL,
+    finished_at = coalesce(finished_at, clock_timestamp())
+WHERE id = %(id)s
+  AND (status IN ('pending', 'cancelled')
+       OR (status = 'claimed' AND lease_until <= clock_timestamp()))
+"""
+
+DELETE_RECORDS: Final = "DELETE FROM runlet_records WHERE checkpoint_id = %(id)s"
+
+DELETE: Final = "DELETE FROM runlet_checkpoints WHERE id = %(id)s"
+
+SEQ: Final = "SELECT seq FROM runlet_checkpoints WHERE id = %(id)s"
+
+# The metadata pre-filter: every key of %(keys)s is present and the string values of
+# %(strings)s are equal (jsonb compares other scalars differently from Python).
+PAGE: Final = """
+SELECT seq, data FROM runlet_checkpoints
+WHERE status IN ('pending', 'claimed')
+  AND seq > %(after)s
+  AND (%(agent_name)s::text IS NULL OR agent_name = %(agent_name)s::text)
+  AND metadata ?& %(keys)s::text[]
+  AND metadata @> %(strings)s::jsonb
+ORDER BY seq
+LIMIT %(limit)s
+"""
+
+DECISIONS: Final = """
+SELECT r.data FROM runlet_records AS r
+JOIN runlet_checkpoints AS c ON c.id = r.checkpoint_id
+WHERE r.run_id = %(run_id)s
+ORDER BY c.seq, r.seq
+"""
+
+PURGE_RECORDS: Final = """
+DELETE FROM runlet_records WHERE checkpoint_id IN (
+    SELECT id FROM runlet_checkpoints
+    WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second')
+"""
+
+PURGE: Final = """
+DELETE FROM runlet_checkpoints
+WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second'
+"""
+
+STATEMENTS: Final = Statements(
+    schema_lock=SCHEMA_LOCK,
+    schema_table=SCHEMA_TABLE,
+    read_version=READ_VERSION,
+    write_version=WRITE_VERSION,
+    create=(
+        CREATE_CHECKPOINTS,
+        CREATE_OPEN_INDEX,
+        CREATE_FINISHED_INDEX,
+        CREATE_RECORDS,
+        CREATE_RECORDS_RUN_INDEX,
+    ),
+    save=SAVE,
+    load=LOAD,
+    state=STATE,
+    get=GET,
+    records=RECORDS,
+    claim=CLAIM,
+    holder=HOLDER,
+    renew=RENEW,
+    record=RECORD,
+    resolve=RESOLVE,
+    release=RELEASE,
+    cancel=CANCEL,
+    delete_records=DELETE_RECORDS,
+    delete=DELETE,
+    seq=SEQ,
+    page=PAGE,
+    decisions=DECISIONS,
+    purge_records=PURGE_RECORDS,
+    purge=PURGE,
+)
+
+
+class PostgresCheckpointStore(SQLStore):
+    """A :class:`~runlet.DurableCheckpointStore` in PostgreSQL, shared by any number of
+    workers on any number of machines. Use it as an async context manager::
+
+        async with PostgresCheckpointStore("postgresql://app@db/app") as store:
+            runtime = Runtime(checkpoint_store=store)
+
+    Entering opens the connection pool, creates the tables if they are missing (under an
+    advisory lock, so workers starting together are safe) and refuses a database whose
+    Runlet tables have an unknown schema version; leaving closes the pool. The tables
+    live in the connection's ``search_path`` (set it in *conninfo*, e.g.
+    ``options=-csearch_path=runlet``, to keep them in their own schema). Checkpoints,
+    records and outcomes are kept as JSON text, the run metadata as ``jsonb``.
+
+    Args:
+        conninfo: A libpq connection string or URI.
+        lease: Seconds a claim lasts without renewal (the resume renews it every third of
+            the lease while it works). After a crash, the checkpoint can be taken over
+            once the lease has run out, by the server's clock. ``None``: until released.
+        min_size: Connections the pool keeps open.
+        max_size: Connections the pool opens at most; also how many calls run at once.
+        timeout: Seconds to wait for the server when opening, and for a free connection.
+        connect_kwargs: Extra keyword arguments for each ``psycopg.connect`` (for
+            instance ``{"prepare_threshold": None}`` behind PgBouncer in transaction mode).
+
+    Raises:
+        ConfigurationError: An argument is out of range.
+        StoreSchemaError: On entering, the database holds tables of an unknown schema.
+        psycopg_pool.PoolTimeout: On entering, the server could not be reached in time.
+    """
+
+    _sql = STATEMENTS
+    _name = "PostgresCheckpointStore"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        lease: float | None = 60.0,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 30.0,
+        connect_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(lease=lease, connections=max_size)
+        if type(min_size) is not int or not 0 <= min_size <= max_size:
+            raise ConfigurationError(
+                f"min_size must be an int from 0 to max_size ({max_size}), not {min_size!r}."
+            )
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            raise ConfigurationError(
+                f"timeout must be a positive number of seconds, not {timeout!r}."
+            )
+        self._conninfo = conninfo
+        self._min_size = min_size
+        self._timeout = float(timeout)
+        self._kwargs = {**(connect_kwargs or {}), "autocommit": True}
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresCheckpointStore(<conninfo>, lease={self._lease!r})"
+
+    def _connect(self) -> None:
+        pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
+            self._conninfo,
+            min_size=self._min_size,
+            max_size=self._connections,
+            timeout=self._timeout,
+            kwargs=self._kwargs,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            name="runlet",
+            open=False,
+        )
+        try:
+            pool.open(wait=True, timeout=self._timeout)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+
+    def _disconnect(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    @contextmanager
+    def _connection(self, *, write: bool, single: bool) -> Iterator[psycopg.Connection[Any]]:
+        pool = self._pool
+        assert pool is not None
+        # Connections are in autocommit mode: one statement is its own transaction;
+        # several run inside conn.transaction(), which commits or rolls back on exit.
+        with pool.connection() as conn:
+            if single:
+                yield conn
+            else:
+                with conn.transaction():
+                    yield conn
+
+    def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+        strings = {key: value for key, value in scalars.items() if isinstance(value, str)}
+        return {"strings": dumps(strings), "keys": list(keys)}

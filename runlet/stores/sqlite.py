@@ -1,0 +1,372 @@
+"""A durable checkpoint store in one SQLite file: for one machine, standard library only.
+
+Any number of processes on the machine can share the file: claims are atomic (each write
+is a ``BEGIN IMMEDIATE`` transaction, so writers take turns, waiting up to
+``busy_timeout`` for each other) and leases are computed by SQLite from the machine's
+clock. The file is in WAL mode with ``synchronous=FULL``, so a committed claim, record or
+resolution survives a crash of the process and of the machine. Do not put the file on a
+network file system: SQLite's locking is not reliable there; use
+:mod:`runlet.stores.postgres` for workers on several machines.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from .._errors import ConfigurationError
+from ._sql import SQLStore, Statements, dumps
+
+__all__ = ["SQLiteCheckpointStore"]
+
+# The lease arithmetic is in seconds since the epoch, from SQLite's clock:
+# (julianday('now') - 2440587.5) * 86400.0. It is written out in each statement below.
+
+SCHEMA_TABLE: Final = "CREATE TABLE IF NOT EXISTS runlet_schema (version INTEGER NOT NULL)"
+
+READ_VERSION: Final = "SELECT version FROM runlet_schema"
+
+WRITE_VERSION: Final = "INSERT INTO runlet_schema (version) VALUES (:version)"
+
+CREATE_CHECKPOINTS: Final = """
+CREATE TABLE IF NOT EXISTS runlet_checkpoints (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    run_id TEXT NOT NULL,
+    agent_name TEXT NOT NULL,
+    status TEXT NOT NULL
+        CHECK (status IN ('pending', 'claimed', 'resolved', 'cancelled')),
+    token TEXT,
+    lease_until REAL,
+    data TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    resolution TEXT,
+    created_at REAL NOT NULL,
+    finished_at REAL
+)
+"""
+
+CREATE_OPEN_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_checkpoints_open
+ON runlet_checkpoints (seq) WHERE status IN ('pending', 'claimed')
+"""
+
+CREATE_FINISHED_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_checkpoints_finished
+ON runlet_checkpoints (finished_at) WHERE finished_at IS NOT NULL
+"""
+
+CREATE_RECORDS: Final = """
+CREATE TABLE IF NOT EXISTS runlet_records (
+    checkpoint_id TEXT NOT NULL,
+    tool_call_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    data TEXT NOT NULL,
+    decided_at TEXT NOT NULL,
+    PRIMARY KEY (checkpoint_id, tool_call_id)
+)
+"""
+
+CREATE_RECORDS_RUN_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS runlet_records_run ON runlet_records (run_id)
+"""
+
+SAVE: Final = """
+INSERT INTO runlet_checkpoints (id, run_id, agent_name, status, data, metadata, created_at)
+VALUES (:id, :run_id, :agent_name, 'pending', :data, :metadata,
+        (julianday('now') - 2440587.5) * 86400.0)
+ON CONFLICT (id) DO UPDATE SET
+    run_id = excluded.run_id,
+    agent_name = excluded.agent_name,
+    data = excluded.data,
+    metadata = excluded.metadata
+"""
+
+LOAD: Final = "SELECT status, data FROM runlet_checkpoints WHERE id = :id"
+
+STATE: Final = """
+SELECT status, resolution,
+       lease_until IS NULL OR lease_until > (julianday('now') - 2440587.5) * 86400.0
+FROM runlet_checkpoints WHERE id = :id
+"""
+
+GET: Final = "SELECT status, data, resolution FROM runlet_checkpoints WHERE id = :id"
+
+RECORDS: Final = "SELECT data FROM runlet_records WHERE checkpoint_id = :id ORDER BY rowid"
+
+CLAIM: Final = """
+UPDATE runlet_checkpoints
+SET status = 'claimed',
+    token = :token,
+    lease_until = (julianday('now') - 2440587.5) * 86400.0 + :lease
+WHERE id = :id
+  AND (status = 'pending'
+       OR (status = 'claimed'
+           AND lease_until <= (julianday('now') - 2440587.5) * 86400.0))
+RETURNING data
+"""
+
+HOLDER: Final = """
+SELECT run_id FROM runlet_checkpoints
+WHERE id = :id AND status = 'claimed' AND token = :token
+"""
+
+RENEW: Final = """
+UPDATE runlet_checkpoints
+SET lease_until = (julianday('now') - 2440587.5) * 86400.0 + :lease
+WHERE id = :id AND status = 'claimed' AND token = :token
+"""
+
+RECORD: Final = """
+INSERT INTO runlet_records (checkpoint_id, tool_call_id, run_id, data, decided_at)
+VALUES (:id, :tool_call_id, :run_id, :data, :decided_at)
+ON CONFLICT (checkpoint_id, tool_call_id) DO UPDATE SET
+    data = excluded.data,
+    decided_at = excluded.decided_at
+"""
+
+RESOLVE: Final = """
+UPDATE runlet_checkpoints
+SET status = 'resolved',
+    token = NULL,
+    lease_until = NULL,
+    resolution = :resolution,
+    finished_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :id AND status = 'claimed' AND token = :token
+"""
+
+RELEASE: Final = """
+UPDATE runlet_checkpoints
+SET status = 'pending', token = NULL, lease_until = NULL
+WHERE id = :id AND status = 'claimed' AND token = :token
+"""
+
+CANCEL: Final = """
+UPDATE runlet_checkpoints
+SET status = 'cancelled',
+    token = NULL,
+    lease_until = NULL,
+    finished_at = coalesce(finished_at, (julianday('now') - 2440587.5) * 86400.0)
+WHERE id = :id
+  AND (status IN ('pending', 'cancelled')
+       OR (status = 'claimed'
+           AND lease_until <= (julianday('now') - 2440587.5) * 86400.0))
+"""
+
+DELETE_RECORDS: Final = "DELETE FROM runlet_records WHERE checkpoint_id = :id"
+
+DELETE: Final = "DELETE FROM runlet_checkpoints WHERE id = :id"
+
+SEQ: Final = "SELECT seq FROM runlet_checkpoints WHERE id = :id"
+
+# The metadata pre-filter: every key of :keys is present, and every scalar of :scalars
+# has an equal atom (SQLite compares 1, 1.0 and true as Python does).
+PAGE: Final = """
+SELECT c.seq, c.data FROM runlet_checkpoints AS c
+WHERE c.status IN ('pending', 'claimed')
+  AND c.seq > :after
+  AND (:agent_name IS NULL OR c.agent_name = :agent_name)
+  AND NOT EXISTS (
+      SELECT 1 FROM json_each(:keys) AS k
+      WHERE NOT EXISTS (
+          SELECT 1 FROM json_each(c.metadata) AS m WHERE m.key = k.value))
+  AND NOT EXISTS (
+      SELECT 1 FROM json_each(:scalars) AS w
+      WHERE NOT EXISTS (
+          SELECT 1 FROM json_each(c.metadata) AS m
+          WHERE m.key = w.key AND m.atom = w.atom))
+ORDER BY c.seq
+LIMIT :limit
+"""
+
+DECISIONS: Final = """
+SELECT r.data FROM runlet_records AS r
+JOIN runlet_checkpoints AS c ON c.id = r.checkpoint_id
+WHERE r.run_id = :run_id
+ORDER BY c.seq, r.rowid
+"""
+
+PURGE_RECORDS: Final = """
+DELETE FROM runlet_records WHERE checkpoint_id IN (
+    SELECT id FROM runlet_checkpoints
+    WHERE finished_at <= (julianday('now') - 2440587.5) * 86400.0 - :age)
+"""
+
+PURGE: Final = """
+DELETE FROM runlet_checkpoints
+WHERE finished_at <= (julianday('now') - 2440587.5) * 86400.0 - :age
+"""
+
+BEGIN: Final = "BEGIN"
+BEGIN_IMMEDIATE: Final = "BEGIN IMMEDIATE"
+COMMIT: Final = "COMMIT"
+ROLLBACK: Final = "ROLLBACK"
+JOURNAL_MODE_WAL: Final = "PRAGMA journal_mode = WAL"
+SYNCHRONOUS_FULL: Final = "PRAGMA synchronous = FULL"
+
+STATEMENTS: Final = Statements(
+    schema_lock=None,
+    schema_table=SCHEMA_TABLE,
+    read_version=READ_VERSION,
+    write_version=WRITE_VERSION,
+    create=(
+        CREATE_CHECKPOINTS,
+        CREATE_OPEN_INDEX,
+        CREATE_FINISHED_INDEX,
+        CREATE_RECORDS,
+        CREATE_RECORDS_RUN_INDEX,
+    ),
+    save=SAVE,
+    load=LOAD,
+    state=STATE,
+    get=GET,
+    records=RECORDS,
+    claim=CLAIM,
+    holder=HOLDER,
+    renew=RENEW,
+    record=RECORD,
+    resolve=RESOLVE,
+    release=RELEASE,
+    cancel=CANCEL,
+    delete_records=DELETE_RECORDS,
+    delete=DELETE,
+    seq=SEQ,
+    page=PAGE,
+    decisions=DECISIONS,
+    purge_records=PURGE_RECORDS,
+    purge=PURGE,
+)
+
+# UPDATE ... RETURNING arrived in SQLite 3.35 (2021).
+_MIN_SQLITE = (3, 35, 0)
+
+
+class SQLiteCheckpointStore(SQLStore):
+    """A :class:`~runlet.DurableCheckpointStore` in a SQLite file, shared by any number of
+    processes on one machine. Use it as an async context manager::
+
+        async with SQLiteCheckpointStore("checkpoints.db") as store:
+            runtime = Runtime(checkpoint_store=store)
+
+    Entering creates the tables if they are missing (safe when several processes start at
+    once) and refuses a file whose Runlet tables have an unknown schema version. Every
+    call runs in a worker thread; checkpoints, records and outcomes are kept as JSON
+    text. Resolved and cancelled checkpoints are kept (so a repeated resume returns the
+    stored result) until :meth:`~SQLStore.delete` or :meth:`~SQLStore.purge_resolved`.
+
+    Args:
+        path: The database file (created if missing). ``":memory:"`` keeps everything
+            in one private in-memory database, for tests.
+        lease: Seconds a claim lasts without renewal (the resume renews it every third of
+            the lease while it works). After a crash, the checkpoint can be taken over
+            once the lease has run out. ``None``: until released, never taken over.
+        busy_timeout: Seconds a write waits for another process's write before SQLite
+            gives up with ``sqlite3.OperationalError: database is locked``.
+        connections: Connections (and so worker threads) the store uses at most.
+
+    Raises:
+        ConfigurationError: An argument is out of range, or Python's SQLite is older
+            than 3.35.
+        StoreSchemaError: On entering, the file holds tables of an unknown schema.
+    """
+
+    _sql = STATEMENTS
+    _name = "SQLiteCheckpointStore"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lease: float | None = 60.0,
+        busy_timeout: float = 10.0,
+        connections: int = 4,
+    ) -> None:
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:  # pragma: no cover - old platforms
+            raise ConfigurationError(
+                f"SQLiteCheckpointStore needs SQLite 3.35 or newer; this Python has "
+                f"{sqlite3.sqlite_version}. Use a newer Python build."
+            )
+        if type(busy_timeout) not in (int, float) or not 0 <= busy_timeout < float("inf"):
+            raise ConfigurationError(
+                f"busy_timeout must be a non-negative number of seconds, not {busy_timeout!r}."
+            )
+        self._path = os.fspath(path)
+        memory = self._path in ("", ":memory:")
+        super().__init__(lease=lease, connections=1 if memory else connections)
+        self._busy_timeout = float(busy_timeout)
+        self._idle: list[sqlite3.Connection] = []
+        self._idle_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SQLiteCheckpointStore({self._path!r}, lease={self._lease!r})"
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    def _connect(self) -> None:
+        self._give(self._new())
+
+    def _new(self) -> sqlite3.Connection:
+        # isolation_level=None: the store issues BEGIN / COMMIT itself. The connection
+        # moves between worker threads, but only one uses it at a time (the idle list).
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.execute(JOURNAL_MODE_WAL)
+            conn.execute(SYNCHRONOUS_FULL)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _disconnect(self) -> None:
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _take(self) -> sqlite3.Connection:
+        with self._idle_lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._new()
+
+    def _give(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:  # a failed ROLLBACK: never reuse it
+            conn.close()
+            return
+        with self._idle_lock:
+            self._idle.append(conn)
+
+    @contextmanager
+    def _connection(self, *, write: bool, single: bool) -> Iterator[sqlite3.Connection]:
+        # Every write takes the write lock up front (BEGIN IMMEDIATE), so it waits for
+        # other writers with the busy timeout instead of failing half-way.
+        conn = self._take()
+        try:
+            if write:
+                conn.execute(BEGIN_IMMEDIATE)
+            elif not single:
+                conn.execute(BEGIN)
+            try:
+                yield conn
+                if conn.in_transaction:
+                    conn.execute(COMMIT)
+            finally:
+                if conn.in_transaction:
+                    conn.execute(ROLLBACK)
+        finally:
+            self._give(conn)
+
+    def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+        return {"scalars": dumps(scalars), "keys": dumps(list(keys))}

@@ -1,0 +1,372 @@
+"""The durable store protocol, as tests any store can be run against.
+
+``semantics_tests(factory)`` returns a test class; ``factory(lease)`` is an async context
+manager yielding a fresh, empty store with that lease (``0`` means a claim can be taken
+over at once, which is how takeover is tested without waiting). The in-memory store runs
+them too, so they pin the reference semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from runlet import (
+    CallRecord,
+    Checkpoint,
+    CheckpointCancelledError,
+    CheckpointClaimedError,
+    CheckpointNotFoundError,
+    CheckpointResolvedError,
+    ConfigurationError,
+    Decision,
+    HumanRequest,
+    LeaseLostError,
+    Message,
+    Resolution,
+    RunResult,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+
+Factory = Callable[[float | None], AbstractAsyncContextManager[Any]]
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def checkpoint(
+    checkpoint_id: str = "cp_1",
+    *,
+    run_id: str = "run_1",
+    agent_name: str = "agent",
+    metadata: dict[str, Any] | None = None,
+    calls: int = 1,
+    text: str = "go",
+) -> Checkpoint:
+    """A valid checkpoint waiting on *calls* approvals."""
+    pending = tuple(ToolCall(f"call_{n}", "pay", {"n": n}) for n in range(calls))
+    requests = tuple(
+        HumanRequest(
+            f"req_{checkpoint_id}_{n}", "approval", "Allow pay?", tool_call=call, created_at=T0
+        )
+        for n, call in enumerate(pending)
+    )
+    return Checkpoint(
+        id=checkpoint_id,
+        run_id=run_id,
+        agent_name=agent_name,
+        messages=(Message.user(text),),
+        options={},
+        metadata=metadata or {},
+        transcript=(Message.user(text), Message.assistant("", pending)),
+        pending_tool_calls=pending,
+        request=requests[0],
+        more_requests=requests[1:],
+    )
+
+
+def decision(cp: Checkpoint, n: int = 0, *, minutes: int = 0) -> Decision:
+    request = cp.open_requests[n]
+    return Decision(
+        request_id=request.id,
+        checkpoint_id=cp.id,
+        tool_call_id=request.tool_call.id,
+        tool_name="pay",
+        kind="approval",
+        action="approve",
+        arguments=dict(request.tool_call.arguments),
+        decided_at=T0 + timedelta(minutes=minutes),
+    )
+
+
+def record(
+    cp: Checkpoint, n: int = 0, *, result: str | None = None, minutes: int = 0
+) -> CallRecord:
+    call_id = cp.open_requests[n].tool_call.id
+    return CallRecord(
+        tool_call_id=call_id,
+        decision=decision(cp, n, minutes=minutes),
+        result=None if result is None else ToolResult(call_id, result),
+    )
+
+
+def resolution(cp: Checkpoint) -> Resolution:
+    return Resolution(
+        decisions=(decision(cp),),
+        result=RunResult(
+            status="completed",
+            output="done",
+            transcript=(*cp.transcript, Message.assistant("done")),
+            usage=Usage(),
+            run_id=cp.run_id,
+        ),
+        resolved_at=T0,
+    )
+
+
+def semantics_tests(factory: Factory) -> type:
+    """A pytest class checking the durable store protocol on stores from *factory*."""
+
+    @pytest.mark.anyio
+    class StoreSemantics:
+        async def test_save_load_get(self) -> None:
+            cp = checkpoint(metadata={"user": "ann", "tags": ["a", "b"]})
+            async with factory(60.0) as store:
+                await store.save(cp)
+                assert cp == await store.load("cp_1")
+                stored = await store.get("cp_1")
+                assert (cp, "pending", (), None) == (
+                    stored.checkpoint,
+                    stored.status,
+                    stored.records,
+                    stored.resolution,
+                )
+                with pytest.raises(CheckpointNotFoundError) as caught:
+                    await store.load("nope")
+                assert "nope" == caught.value.checkpoint_id
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.get("nope")
+
+        async def test_save_again_replaces_data_and_keeps_state(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                claim = await store.claim("cp_1")
+                changed = checkpoint(text="changed")
+                await store.save(changed)
+                stored = await store.get("cp_1")
+                assert (changed, "claimed") == (stored.checkpoint, stored.status)
+                await store.release("cp_1", claim.token)
+
+        async def test_claim_is_exclusive_while_the_lease_holds(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                claim = await store.claim("cp_1")
+                assert (checkpoint(), ()) == (claim.checkpoint, claim.records)
+                assert "claimed" == (await store.get("cp_1")).status
+                with pytest.raises(CheckpointClaimedError) as caught:
+                    await store.claim("cp_1")
+                assert "cp_1" == caught.value.checkpoint_id
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.claim("nope")
+
+        async def test_release_makes_it_claimable_and_keeps_records(self) -> None:
+            cp = checkpoint()
+            async with factory(60.0) as store:
+                await store.save(cp)
+                first = await store.claim("cp_1")
+                await store.record("cp_1", first.token, [record(cp)])
+                await store.release("cp_1", first.token)
+                assert "pending" == (await store.get("cp_1")).status
+                second = await store.claim("cp_1")
+                assert first.token != second.token
+                assert (record(cp),) == second.records
+                await store.release("cp_1", first.token)  # stale: nothing happens
+                assert "claimed" == (await store.get("cp_1")).status
+                await store.release("nope", "token")  # unknown: nothing happens
+
+        async def test_expired_lease_is_taken_over_and_the_old_token_is_refused(self) -> None:
+            cp = checkpoint()
+            async with factory(0) as store:
+                assert 0 == store.lease
+                await store.save(cp)
+                old = await store.claim("cp_1")
+                await store.record("cp_1", old.token, [record(cp)])
+                await store.renew("cp_1", old.token)  # still its token, even if expired
+                new = await store.claim("cp_1")
+                assert (record(cp),) == new.records
+                with pytest.raises(LeaseLostError) as caught:
+                    await store.renew("cp_1", old.token)
+                assert "cp_1" == caught.value.checkpoint_id
+                with pytest.raises(LeaseLostError):
+                    await store.record("cp_1", old.token, [record(cp, result="late")])
+                with pytest.raises(LeaseLostError):
+                    await store.resolve("cp_1", old.token, resolution(cp))
+                await store.release("cp_1", old.token)
+                stored = await store.get("cp_1")
+                assert ("claimed", (record(cp),)) == (stored.status, stored.records)
+                await store.resolve("cp_1", new.token, resolution(cp))
+                assert "resolved" == (await store.get("cp_1")).status
+
+        async def test_token_writes_on_unknown_checkpoints_lose_the_lease(self) -> None:
+            async with factory(60.0) as store:
+                with pytest.raises(LeaseLostError):
+                    await store.renew("nope", "token")
+                with pytest.raises(LeaseLostError):
+                    await store.record("nope", "token", [])
+                with pytest.raises(LeaseLostError):
+                    await store.resolve("nope", "token", resolution(checkpoint()))
+
+        async def test_records_replace_by_call_and_keep_their_order(self) -> None:
+            cp = checkpoint(calls=3)
+            async with factory(60.0) as store:
+                await store.save(cp)
+                claim = await store.claim("cp_1")
+                await store.record("cp_1", claim.token, [record(cp, 1), record(cp, 0)])
+                await store.record("cp_1", claim.token, [record(cp, 2)])
+                await store.record("cp_1", claim.token, [record(cp, 1, result="ok")])
+                assert (record(cp, 1, result="ok"), record(cp, 0), record(cp, 2)) == (
+                    await store.get("cp_1")
+                ).records
+
+        async def test_resolve_stores_the_outcome_and_the_next_checkpoint(self) -> None:
+            cp = checkpoint()
+            nxt = checkpoint("cp_2", text="next")
+            async with factory(60.0) as store:
+                await store.save(cp)
+                claim = await store.claim("cp_1")
+                await store.resolve("cp_1", claim.token, resolution(cp), nxt)
+                stored = await store.get("cp_1")
+                assert ("resolved", resolution(cp)) == (stored.status, stored.resolution)
+                assert cp == await store.load("cp_1")
+                assert ("pending", nxt) == (
+                    (await store.get("cp_2")).status,
+                    (await store.get("cp_2")).checkpoint,
+                )
+                with pytest.raises(CheckpointResolvedError) as caught:
+                    await store.claim("cp_1")
+                assert resolution(cp) == caught.value.resolution
+                with pytest.raises(LeaseLostError):
+                    await store.resolve("cp_1", claim.token, resolution(cp))
+
+        async def test_cancel(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                await store.cancel("cp_1")
+                await store.cancel("cp_1")
+                assert "cancelled" == (await store.get("cp_1")).status
+                with pytest.raises(CheckpointCancelledError):
+                    await store.load("cp_1")
+                with pytest.raises(CheckpointCancelledError):
+                    await store.claim("cp_1")
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.cancel("nope")
+                await store.save(checkpoint("cp_2"))
+                claim = await store.claim("cp_2")
+                with pytest.raises(CheckpointClaimedError):
+                    await store.cancel("cp_2")
+                await store.resolve("cp_2", claim.token, resolution(checkpoint("cp_2")))
+                with pytest.raises(CheckpointResolvedError) as caught:
+                    await store.cancel("cp_2")
+                assert resolution(checkpoint("cp_2")) == caught.value.resolution
+
+        async def test_cancel_takes_an_expired_claim(self) -> None:
+            async with factory(0) as store:
+                await store.save(checkpoint())
+                claim = await store.claim("cp_1")
+                await store.cancel("cp_1")
+                with pytest.raises(LeaseLostError):
+                    await store.renew("cp_1", claim.token)
+                assert "cancelled" == (await store.get("cp_1")).status
+
+        async def test_delete_forgets_records_and_outcome(self) -> None:
+            cp = checkpoint()
+            async with factory(60.0) as store:
+                await store.save(cp)
+                claim = await store.claim("cp_1")
+                await store.record("cp_1", claim.token, [record(cp)])
+                await store.delete("cp_1")
+                await store.delete("cp_1")
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.get("cp_1")
+                assert [] == list(await store.decisions("run_1"))
+                await store.save(cp)
+                assert () == (await store.get("cp_1")).records
+
+        async def test_list_pending_pages_oldest_first(self) -> None:
+            async with factory(0) as store:
+                for n in range(7):
+                    await store.save(checkpoint(f"cp_{n}", run_id=f"run_{n}"))
+                await store.cancel("cp_1")
+                claim = await store.claim("cp_2")  # claimed ones are still waiting
+                claim = await store.claim("cp_3")
+                await store.resolve("cp_3", claim.token, resolution(checkpoint("cp_3")))
+                pages: list[list[str]] = []
+                after = None
+                while True:
+                    page = await store.list_pending(limit=2, after=after)
+                    if not page:
+                        break
+                    pages.append([found.checkpoint_id for found in page])
+                    after = page[-1].checkpoint_id
+                assert [["cp_0", "cp_2"], ["cp_4", "cp_5"], ["cp_6"]] == pages
+                first = (await store.list_pending(limit=1))[0]
+                cp = checkpoint("cp_0", run_id="run_0")
+                assert (cp.id, cp.run_id, cp.agent_name, cp.request, {}, T0, cp.open_requests) == (
+                    first.checkpoint_id,
+                    first.run_id,
+                    first.agent_name,
+                    first.request,
+                    dict(first.metadata),
+                    first.created_at,
+                    first.requests,
+                )
+                # a resolved checkpoint still marks a place in the order
+                assert ["cp_4", "cp_5", "cp_6"] == [
+                    found.checkpoint_id for found in await store.list_pending(after="cp_3")
+                ]
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.list_pending(after="nope")
+                for limit in (0, -1, True, 1.0, "2"):
+                    with pytest.raises(ConfigurationError):
+                        await store.list_pending(limit=limit)
+
+        async def test_list_pending_filters(self) -> None:
+            metadatas: list[dict[str, Any]] = [
+                {"user": "ann", "n": 1},
+                {"user": "bob", "n": 1.0},
+                {"user": "ann", "n": True, "tags": ["x"]},
+                {"user": "ann", "n": "1", "tags": ["x", "y"], "team": None},
+                {"n": 2, "nested": {"a": 1, "b": [1, 2]}},
+                {},
+            ]
+            async with factory(60.0) as store:
+                for n, metadata in enumerate(metadatas):
+                    agent = "other" if n == 2 else "agent"
+                    await store.save(checkpoint(f"cp_{n}", metadata=metadata, agent_name=agent))
+
+                async def ids(**kwargs: Any) -> list[str]:
+                    return [found.checkpoint_id for found in await store.list_pending(**kwargs)]
+
+                assert ["cp_0", "cp_2", "cp_3"] == await ids(metadata={"user": "ann"})
+                assert ["cp_0", "cp_3"] == await ids(metadata={"user": "ann"}, agent_name="agent")
+                assert ["cp_2"] == await ids(agent_name="other")
+                assert ["cp_0", "cp_1", "cp_2"] == await ids(metadata={"n": 1})
+                assert ["cp_3"] == await ids(metadata={"n": "1"})
+                assert ["cp_2"] == await ids(metadata={"tags": ["x"]})
+                assert ["cp_3"] == await ids(metadata={"team": None})
+                assert ["cp_4"] == await ids(metadata={"nested": {"b": [1, 2], "a": 1}})
+                assert [] == await ids(metadata={"nested": {"a": 1}})
+                assert [] == await ids(metadata={"user": "ann", "n": 2})
+                assert [] == await ids(metadata={"missing": None})
+                assert [] == await ids(metadata={"n": T0})
+                assert [] == await ids(metadata={1: 1})
+                assert 6 == len(await ids(metadata={}))
+                assert ["cp_2"] == await ids(metadata={"user": "ann"}, limit=1, after="cp_0")
+
+        async def test_decisions_oldest_first_across_checkpoints(self) -> None:
+            first = checkpoint("cp_1", calls=2)
+            second = checkpoint("cp_2")
+            other = checkpoint("cp_3", run_id="run_2")
+            async with factory(60.0) as store:
+                for cp in (first, second, other):
+                    await store.save(cp)
+                for cp, records in (
+                    (second, [record(second, 0, minutes=3)]),
+                    (first, [record(first, 1, minutes=2), record(first, 0, minutes=1)]),
+                    (other, [record(other, 0, minutes=0)]),
+                ):
+                    claim = await store.claim(cp.id)
+                    await store.record(cp.id, claim.token, records)
+                    await store.release(cp.id, claim.token)
+                assert [
+                    decision(first, 0, minutes=1),
+                    decision(first, 1, minutes=2),
+                    decision(second, 0, minutes=3),
+                ] == list(await store.decisions("run_1"))
+                assert [] == list(await store.decisions("run_nope"))
+
+    return StoreSemantics
