@@ -182,7 +182,7 @@ class TestPublicSurface:
 
     def test_all_is_sorted_and_complete(self) -> None:
         public = {n for n in dir(runlet) if not n.startswith("_")}
-        assert set(runlet.__all__) == public - {"testing", "providers", "demo"}
+        assert set(runlet.__all__) == public - {"testing", "providers", "demo", "stores"}
 
     def test_errors_form_one_tree(self) -> None:
         for name in runlet.__all__:
