@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from runlet import (
+    Agent,
     CheckpointCancelledError,
     CheckpointClaimedError,
     CheckpointNotFoundError,
@@ -42,14 +43,16 @@ from runlet import (
     ModelError,
     RunFinished,
     RunResult,
+    Runtime,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolContext,
+    ToolSpec,
     structure,
     structure_event,
 )
-
-pytest.importorskip("fastapi", reason='the examples need pip install -e ".[examples]"')
+from runlet.testing import ScriptedModel, call
 
 pytestmark = pytest.mark.anyio
 
@@ -430,3 +433,63 @@ def test_the_status_table_covers_every_error_people_can_cause() -> None:
     # Only the class matters; the instances need no message or ids.
     actual = {cls: module.http_status(cls.__new__(cls)) for cls in expected}
     assert expected == actual
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+async def test_the_fastapi_relay_stops_the_run_in_its_own_task_when_the_client_leaves(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str, spec_version: str
+) -> None:
+    """A client that goes away while the run streams (ASGI 2.4: ``send`` raises OSError;
+    older: an ``http.disconnect`` cancels the response) stops the run: the running tool is
+    cancelled and cleaned up, and the run's stream is left in the task that entered it.
+    (A plain StreamingResponse leaves the generator to the garbage collector, which
+    closes it in another task: "cancel scope in a different task" on asyncio, "Cancel
+    scope stack corrupted" on trio.)"""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    fastapi_app = importlib.import_module("fastapi_app")
+    from starlette.requests import ClientDisconnect
+
+    running = anyio.Event()
+    cleaned_up: list[str] = []
+
+    async def slow(arguments: Any, context: ToolContext) -> str:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cleaned_up.append(context.tool_call_id)
+        return "never"  # pragma: no cover
+
+    agent = Agent(
+        name="slow",
+        instructions="",
+        model=ScriptedModel([call("slow", id="call_slow"), "done"]),
+        tools=(ToolSpec("slow", "Takes forever.", {"type": "object"}, slow),),
+    )
+    response = fastapi_app.EventStream(fastapi_app.relay(Runtime().stream(agent, "Go.")))
+    sent: list[dict[str, Any]] = []
+    gone = anyio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if b"tool_call_started" in message.get("body", b""):
+            await running.wait()  # the client leaves while the tool runs
+            gone.set()
+            if spec_version == "2.4":
+                raise OSError("the client went away")
+            await anyio.sleep_forever()  # a stalled client; the disconnect cancels this
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+    with anyio.fail_after(10):
+        if spec_version == "2.4":
+            with pytest.raises(ClientDisconnect):
+                await response(scope, receive, send)
+        else:
+            await response(scope, receive, send)
+    assert cleaned_up == ["call_slow"]
+    assert sent[0]["status"] == 200
+    assert b"tool_call_started" in sent[-1]["body"]
