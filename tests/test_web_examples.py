@@ -435,23 +435,30 @@ def test_the_status_table_covers_every_error_people_can_cause() -> None:
     assert expected == actual
 
 
-@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
-async def test_the_fastapi_relay_stops_the_run_in_its_own_task_when_the_client_leaves(
-    monkeypatch: pytest.MonkeyPatch, anyio_backend: str, spec_version: str
-) -> None:
-    """A client that goes away while the run streams (ASGI 2.4: ``send`` raises OSError;
-    older: an ``http.disconnect`` cancels the response) stops the run: the running tool is
-    cancelled and cleaned up, and the run's stream is left in the task that entered it.
-    (A plain StreamingResponse leaves the generator to the garbage collector, which
-    closes it in another task: "cancel scope in a different task" on asyncio, "Cancel
-    scope stack corrupted" on trio.)"""
+def load_example(monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    fastapi_app = importlib.import_module("fastapi_app")
-    from starlette.requests import ClientDisconnect
+    return importlib.import_module(name)
 
-    running = anyio.Event()
-    cleaned_up: list[str] = []
 
+async def relay_in_process(
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    stream: Any,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    spec_version: str = "2.3",
+) -> None:
+    """Relay *stream* the way the example app of *kind* does, without a server."""
+    if kind == "fastapi":
+        app = load_example(monkeypatch, "fastapi_app")
+        response = app.EventStream(app.relay(stream))
+        await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
+    else:
+        app = load_example(monkeypatch, "asgi_trio_app")
+        await app.send_events(send, receive, stream)
+
+
+def slow_agent(cleaned_up: list[str], running: anyio.Event) -> Agent:
     async def slow(arguments: Any, context: ToolContext) -> str:
         running.set()
         try:
@@ -460,13 +467,32 @@ async def test_the_fastapi_relay_stops_the_run_in_its_own_task_when_the_client_l
             cleaned_up.append(context.tool_call_id)
         return "never"  # pragma: no cover
 
-    agent = Agent(
+    return Agent(
         name="slow",
         instructions="",
         model=ScriptedModel([call("slow", id="call_slow"), "done"]),
         tools=(ToolSpec("slow", "Takes forever.", {"type": "object"}, slow),),
     )
-    response = fastapi_app.EventStream(fastapi_app.relay(Runtime().stream(agent, "Go.")))
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec_version"), [("fastapi", "2.3"), ("fastapi", "2.4"), ("trio", "2.1")]
+)
+async def test_a_relay_stops_the_run_in_its_own_task_when_the_client_leaves(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str, kind: str, spec_version: str
+) -> None:
+    """A client that goes away while a tool runs stops the run: the tool is cancelled and
+    cleaned up before the relay returns, and the run's stream is left in the task that
+    entered it. How the server says so differs: under ASGI 2.4 uvicorn's ``send`` raises
+    OSError; otherwise ``receive`` returns ``http.disconnect`` (Starlette then cancels the
+    response; the plain ASGI app watches for it itself). A plain StreamingResponse would
+    leave the generator to the garbage collector, which closes it in another task:
+    "cancel scope in a different task" on asyncio, "Cancel scope stack corrupted" on trio."""
+    from starlette.requests import ClientDisconnect
+
+    running = anyio.Event()
+    cleaned_up: list[str] = []
+    stream = Runtime().stream(slow_agent(cleaned_up, running), "Go.")
     sent: list[dict[str, Any]] = []
     gone = anyio.Event()
 
@@ -477,19 +503,56 @@ async def test_the_fastapi_relay_stops_the_run_in_its_own_task_when_the_client_l
             gone.set()
             if spec_version == "2.4":
                 raise OSError("the client went away")
-            await anyio.sleep_forever()  # a stalled client; the disconnect cancels this
+            if kind == "fastapi":
+                await anyio.sleep_forever()  # a stalled client; the disconnect cancels it
 
     async def receive() -> dict[str, Any]:
         await gone.wait()
         return {"type": "http.disconnect"}
 
-    scope = {"type": "http", "asgi": {"spec_version": spec_version}}
     with anyio.fail_after(10):
         if spec_version == "2.4":
             with pytest.raises(ClientDisconnect):
-                await response(scope, receive, send)
+                await relay_in_process(monkeypatch, kind, stream, send, receive, "2.4")
         else:
-            await response(scope, receive, send)
+            await relay_in_process(monkeypatch, kind, stream, send, receive, spec_version)
     assert cleaned_up == ["call_slow"]
     assert sent[0]["status"] == 200
     assert b"tool_call_started" in sent[-1]["body"]
+
+
+@pytest.mark.parametrize("kind", ["fastapi", "trio"])
+async def test_an_error_after_the_first_event_is_sent_as_an_error_event(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str, kind: str
+) -> None:
+    def outage(request: Any) -> str:
+        raise ConnectionError("connection reset by peer")
+
+    async def lookup(arguments: Any, context: ToolContext) -> str:
+        return "found"
+
+    agent = Agent(
+        name="flaky",
+        instructions="",
+        model=ScriptedModel([call("lookup", id="call_1"), outage]),
+        tools=(ToolSpec("lookup", "Look it up.", {"type": "object"}, lookup),),
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    with anyio.fail_after(10):
+        await relay_in_process(monkeypatch, kind, Runtime().stream(agent, "Go."), send, receive)
+    assert sent[0]["status"] == 200
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    blocks = [m["body"].decode() for m in sent[1:-1]]
+    data = [json.loads(block.split("data: ", 1)[1]) for block in blocks]
+    assert [d["type"] for d in data][-3:] == ["tool_call_started", "tool_call_finished", "error"]
+    assert data[-1]["error"] == "ModelError"
+    assert "connection reset by peer" in data[-1]["detail"]
+    assert blocks[-1].startswith("event: error\n")

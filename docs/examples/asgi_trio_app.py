@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
 import sniffio
 from refund_agent import agent, error_body, http_status, open_store, server_sent_event
 
@@ -38,7 +39,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-SSE_HEADERS = [
+SSE = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
@@ -97,7 +98,7 @@ class App:
                 await send_json(send, unstructure(result))
             case "POST", ["runs", "stream"]:
                 text, metadata = await read_start(receive)
-                await send_events(send, runtime.stream(agent, text, metadata=metadata))
+                await send_events(send, receive, runtime.stream(agent, text, metadata=metadata))
             case "GET", ["pending"]:
                 limit, after = read_page(query)
                 pending = await store.list_pending(limit=limit, after=after, agent_name=agent.name)
@@ -116,7 +117,7 @@ class App:
                 stream = runtime.stream_resume(
                     agent, checkpoint_id=checkpoint_id, responses=responses
                 )
-                await send_events(send, stream)
+                await send_events(send, receive, stream)
             case "GET", ["runs", run_id, "decisions"]:
                 found = await store.decisions(run_id)
                 await send_json(send, {"decisions": [unstructure(d) for d in found]})
@@ -124,30 +125,48 @@ class App:
                 raise HTTPError(404, f"No endpoint {scope['method']} {scope['path']}.")
 
 
-async def send_events(send: Send, stream: RunStream) -> None:
-    """Relay a run's stream as server-sent events. This coroutine owns the `async with`
-    block and sends each event from inside it: nothing is yielded, so the block is
-    always left here, in this task. The response head waits for the first event, so an
-    error before it (unknown checkpoint, conflicting answer) gets its own status."""
+async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
+    """Relay a run's stream as server-sent events, and stop the run if the client goes
+    away. An error before the first event is raised (to ``App.__call__``, which answers
+    with its status) instead of starting a stream."""
+    refused: RunletError | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(cancel_when_gone, receive, group.cancel_scope)
+        refused = await relay(send, stream)
+        group.cancel_scope.cancel()  # done: stop watching
+    if refused is not None:
+        raise refused
+
+
+async def relay(send: Send, stream: RunStream) -> RunletError | None:
+    """Send each event from inside the stream's `async with` block: nothing is yielded,
+    so the block is always left here, in this task. The response head waits for the
+    first event; an error before it is returned, one after it becomes an error event."""
     started = False
     async with stream:
         try:
             async for event in stream:
                 if not started:
-                    await send(
-                        {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-                    )
+                    await send({"type": "http.response.start", "status": 200, "headers": SSE})
                     started = True
                 body = server_sent_event(unstructure_event(event))
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         except RunletError as error:
             if not started:
-                raise  # App.__call__ answers with the error's own status
+                return error
             body = server_sent_event(error_body(error))
             await send({"type": "http.response.body", "body": body, "more_body": True})
     if not started:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return None
+
+
+async def cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel *scope* (and so the run) when the client disconnects."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def send_json(send: Send, data: Any, status: int = 200) -> None:
