@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
 import cattrs
@@ -447,8 +448,14 @@ def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
             is needed, a missing or unknown field, a value of the wrong type, or one the
             class refuses (e.g. a :class:`~runlet.HumanResponse` that makes no sense). The
             message names every offending path; ``path`` holds the first, e.g.
-            ``RunResult.transcript[0].role``.
+            ``RunResult.transcript[0].role``. Also when *cls* is a union (such as
+            :data:`~runlet.StreamEvent`): use :func:`~runlet.structure_event` for events.
     """
+    if get_origin(cls) in (Union, UnionType):
+        raise CheckpointSerializationError(
+            f"structure() needs one class, not the union {cls}; for stream events use "
+            "structure_event() on data from unstructure_event(), which names the event type."
+        )
     try:
         return _converter.structure(data, cls)
     except Exception:  # noqa: BLE001 - re-done below to say exactly what is wrong

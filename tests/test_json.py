@@ -196,6 +196,12 @@ class TestTaggedEvents:
             structure_event(data)
         assert caught.value.path == "ToolCallStarted.tool_call.name"
 
+    def test_structure_refuses_the_union_and_points_to_structure_event(self) -> None:
+        with pytest.raises(CheckpointSerializationError, match="use structure_event"):
+            structure({"text": "x"}, StreamEvent)  # type: ignore[arg-type]
+        with pytest.raises(CheckpointSerializationError, match="not the union"):
+            structure({"text": "x"}, TextDelta | ToolCallDelta)  # type: ignore[arg-type]
+
     def test_an_extra_field_is_refused(self) -> None:
         with pytest.raises(CheckpointSerializationError, match=r"extra fields found \(colour\)"):
             structure_event({"type": "text_delta", "text": "x", "colour": "red"})
