@@ -52,14 +52,14 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=["3.10", "3.13"])
 def types(session: nox.Session) -> None:
     """mypy --strict on runlet/ (settings in pyproject.toml)."""
-    session.install("-e", ".[http,trio]", "mypy>=1.11")
+    session.install("-e", ".[http,trio,postgres]", "mypy>=1.11")
     session.run("mypy", "runlet")
 
 
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning or broken reference fails."""
-    session.install("-e", ".[docs,http]")
+    session.install("-e", ".[docs,http,postgres]")
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )

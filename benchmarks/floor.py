@@ -4,15 +4,20 @@ Messages are dicts, tools are looked up in a dict, arguments are checked with th
 compiled jsonschema_rs validator Runlet uses, handler failures become error results, calls
 of one turn run concurrently in a task group (a single call is awaited directly), and a
 call that needs approval suspends the run into a checkpoint dict that goes through
-``json``. There is no typing, no error hierarchy, no streaming and no checks on what the
-model returns: it is what a careful person would write by hand for one application.
+``json``. Its resume keeps the same exactly-once records Runlet keeps (a claim, the
+decision and the result recorded before the run goes on, the outcome kept for a repeated
+answer), as plain dict writes, so W3 compares like with like. There is no typing, no
+error hierarchy, no streaming and no checks on what the model returns: it is what a
+careful person would write by hand for one application.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import anyio
@@ -87,6 +92,12 @@ class FloorRuntime:
     def __init__(self, max_turns: int = 50) -> None:
         self.max_turns = max_turns
         self.store: dict[str, dict[str, Any]] = {}
+        # The same exactly-once bookkeeping Runlet does, as bare dicts: a claim token per
+        # checkpoint, a record of the decision and of the result before the run goes on,
+        # and the stored outcome that answers a repeated response.
+        self.claims: dict[str, str] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
 
     async def run(self, agent: FloorAgent, text: str) -> dict[str, Any]:
         state = {
@@ -99,22 +110,34 @@ class FloorRuntime:
     async def resume(
         self, agent: FloorAgent, checkpoint_id: str, request_id: str, action: str
     ) -> dict[str, Any]:
+        if checkpoint_id in self.outcomes:
+            return self.outcomes[checkpoint_id]
         checkpoint = self.store[checkpoint_id]
         if checkpoint["request"]["id"] != request_id or action not in ("approve", "reject"):
             raise ValueError("this response does not answer the open request")
-        call = checkpoint["pending"]
-        if action == "approve":
-            result = await call_tool(agent.tools.get(call["name"]), call)
-        else:
-            result = {"role": "tool", "tool_call_id": call["id"], "content": "rejected"}
-        state = {
-            "run_id": checkpoint["run_id"],
-            "messages": checkpoint["messages"],
-            "turns": checkpoint["turns"],
-        }
-        state["messages"].append(result)
-        outcome = await self._drive(agent, state)
-        del self.store[checkpoint_id]
+        if checkpoint_id in self.claims:
+            raise RuntimeError("being resumed")
+        self.claims[checkpoint_id] = token = new_id("tok")
+        try:
+            call = checkpoint["pending"]
+            record = self.records[checkpoint_id] = {"action": action, "at": time.time()}
+            if action == "approve":
+                result = await call_tool(agent.tools.get(call["name"]), call)
+            else:
+                result = {"role": "tool", "tool_call_id": call["id"], "content": "rejected"}
+            record["result"] = result
+            state = {
+                "run_id": checkpoint["run_id"],
+                "messages": checkpoint["messages"],
+                "turns": checkpoint["turns"],
+            }
+            state["messages"].append(result)
+            outcome = await self._drive(agent, state)
+            assert self.claims[checkpoint_id] == token
+            self.outcomes[checkpoint_id] = outcome
+            del self.store[checkpoint_id]
+        finally:
+            del self.claims[checkpoint_id]
         return outcome
 
     async def _drive(self, agent: FloorAgent, state: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +164,7 @@ class FloorRuntime:
                     "pending": call,
                     "request": {
                         "id": new_id("req"),
+                        "created_at": datetime.now(timezone.utc).isoformat(),
                         "kind": "approval",
                         "prompt": f"Allow {call['name']} with "
                         f"{json.dumps(call['arguments'], sort_keys=True)}?",

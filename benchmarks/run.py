@@ -29,7 +29,10 @@ import anyio
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.durable import bench_w5
 from benchmarks.workloads import FULL, SMOKE, WORKLOADS, Counts, Figure, Outcome
+
+WORKLOADS = {**WORKLOADS, "w5": bench_w5}  # W5 needs a database: see benchmarks/durable.py
 
 BACKENDS = ("asyncio", "uvloop", "trio")
 

@@ -441,6 +441,7 @@ async def bench_w3(counts: Counts) -> Outcome:
             "floor_output": last["floor"]["output"],
             "floor_checkpoint_json": last["floor_json"],
             "floor_store_size": len(floor_runtime.store),
+            "floor_journal": (len(floor_runtime.records), len(floor_runtime.outcomes)),
         },
     )
 

@@ -61,8 +61,10 @@ autodoc_type_aliases["ScriptItem"] = "runlet.testing.ScriptItem"
 # There is no network at build time, so no intersphinx: names from the standard library
 # and third-party packages are left unlinked instead of failing the nitpicky build.
 nitpick_ignore_regex = [
-    ("py:.*", r"(collections\.abc|typing|typing_extensions|contextlib|types)\..*"),
-    ("py:.*", r"(anyio|attrs|cattrs|httpx)(\..*)?"),
+    ("py:.*", r"(collections\.abc|typing|typing_extensions|contextlib|types|os)\..*"),
+    ("py:.*", r"(anyio|attrs|cattrs|httpx|datetime|psycopg|psycopg_pool)(\..*)?"),
+    # The type variable of runlet.structure(data, cls) -> T.
+    ("py:class", r"runlet\._checkpoint\.T"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from types import UnionType
@@ -10,7 +11,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest
@@ -81,7 +82,7 @@ class Checkpoint:
 
     @property
     def open_requests(self) -> tuple[HumanRequest, ...]:
-        """Every open request, in call order: :attr:`request` first."""
+        """All open requests in call order, starting with :attr:`request`."""
         if not self.more_requests:
             return (self.request,)
         return (self.request, *self.more_requests)
@@ -139,6 +140,12 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
         _check_json(decision.metadata, f"decisions[{index}].metadata")
 
 
+# Checkpoint objects already found to hang together (by id, with a weak reference to
+# rule out a reused id). Checkpoints are frozen, so a check holds for the object's life;
+# the resume of a checkpoint just structured from JSON then does not check it twice.
+_verified: dict[int, weakref.ref[Checkpoint]] = {}
+
+
 def check_integrity(checkpoint: Checkpoint) -> None:
     """Refuse a checkpoint that does not hang together, so no resume ever runs a call with
     arguments the person was not shown, or fails halfway with an IndexError.
@@ -146,6 +153,16 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     Raises:
         CheckpointSerializationError: Naming the inconsistency and where it is.
     """
+    known = _verified.get(id(checkpoint))
+    if known is not None and known() is checkpoint:
+        return
+    _check_integrity(checkpoint)
+    if len(_verified) >= 4096:
+        _verified.clear()
+    _verified[id(checkpoint)] = weakref.ref(checkpoint)
+
+
+def _check_integrity(checkpoint: Checkpoint) -> None:
     transcript = checkpoint.transcript
     if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
         _broken("transcript", "must end with the assistant message whose tool calls wait")
@@ -162,12 +179,14 @@ def check_integrity(checkpoint: Checkpoint) -> None:
         )
     seen: set[str] = set()
     for index, (call, request) in enumerate(zip(pending, requests, strict=True)):
-        where = f"pending_tool_calls[{index}]"
         made = calls.get(call.id)
         if made is None or made.name != call.name:
-            _broken(where, f"call {call.id!r} ({call.name}) is not in the last assistant message")
+            _broken(
+                f"pending_tool_calls[{index}]",
+                f"call {call.id!r} ({call.name}) is not in the last assistant message",
+            )
         if call.id in seen:
-            _broken(where, f"call {call.id!r} is pending twice")
+            _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
         seen.add(call.id)
         if request.tool_call != call:
             name = "request" if index == 0 else f"more_requests[{index - 1}]"
@@ -179,7 +198,11 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     if len({request.id for request in requests}) != len(requests):
         _broken("more_requests", "two open requests share an id")
     for index, result in enumerate(checkpoint.results):
-        where = f"results[{index}]"
+        where = (
+            f"results[{index}]"
+            if result.tool_call_id in seen or result.tool_call_id not in calls
+            else ""
+        )
         if result.tool_call_id not in calls:
             _broken(
                 where,
@@ -291,7 +314,12 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     # The version is written even though it equals its default: readers rely on it.
     converter.register_unstructure_hook(
         Checkpoint,
-        make_dict_unstructure_fn(Checkpoint, converter, _cattrs_omit_if_default=False),
+        make_dict_unstructure_fn(
+            Checkpoint,
+            converter,
+            _cattrs_omit_if_default=True,
+            version=override(omit_if_default=False),
+        ),
     )
     return converter
 

@@ -224,7 +224,7 @@ class Runtime:
 
         Raises:
             CheckpointResolvedError: The checkpoint was already answered.
-            The errors of :meth:`resume`, except those about a response.
+            RunletError: The other errors of :meth:`resume`, except those about a response.
         """
         return await resume(self._loop, self._durable, agent, checkpoint_id, None, None)
 

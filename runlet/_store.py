@@ -12,6 +12,7 @@ Two protocols:
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -297,9 +298,25 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         ...
 
 
+_TOKENS = itertools.count()
+_PROCESS = os.urandom(8).hex()
+
+
+def _new_process() -> None:
+    # A forked worker (gunicorn, multiprocessing) must not repeat its parent's tokens.
+    global _PROCESS, _TOKENS
+    _PROCESS = os.urandom(8).hex()
+    _TOKENS = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process)
+
+
 def new_token() -> str:
-    """A fresh claim token."""
-    return os.urandom(16).hex()
+    """A fresh claim token: unique across processes (a random per-process prefix) and
+    within one (a counter), and cheap. Tokens fence writes; they are not secrets."""
+    return f"{_PROCESS}-{next(_TOKENS)}"
 
 
 def check_limit(limit: object) -> None:

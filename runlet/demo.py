@@ -15,6 +15,11 @@ Options::
                                real API (reads OPENAI_API_KEY / ANTHROPIC_API_KEY)
     --model NAME               the provider's model name
     --base-url URL             an OpenAI-compatible server, e.g. http://127.0.0.1:11434/v1
+    --store FILE               keep checkpoints in this SQLite file (SQLiteCheckpointStore)
+    --no-answer                with --store: stop at the first question and exit; the run
+                               waits in the file
+    --answer-pending           with --store: answer the runs waiting in the file, from
+                               this (another) process
 """
 
 from __future__ import annotations
@@ -175,6 +180,51 @@ async def demo(model: Model, ask: Ask | None) -> str:
     return result.output or ""
 
 
+async def durable_demo(model: Model, ask: Ask | None, path: str, *, mode: str) -> str:
+    """The demo with its checkpoints in a SQLite file: ``mode`` is ``"start"`` (run until
+    the first question, then stop), ``"answer"`` (answer the runs waiting in the file) or
+    ``"both"``. Returns the last run's final output ("" when none finished)."""
+    from .stores.sqlite import SQLiteCheckpointStore
+
+    agent = Agent("support", INSTRUCTIONS, model, (ask_human(), REFUND))
+    output = ""
+    async with SQLiteCheckpointStore(path) as store:
+        runtime = Runtime(checkpoint_store=store)
+        if mode != "answer":
+            print("user: Please refund order 123.")
+            started = await runtime.run(agent, "Please refund order 123.")
+            assert started.interruption is not None
+            print(f"[interrupted: {started.interruption.kind}] {started.interruption.prompt}")
+            print(f"  (checkpoint {started.checkpoint_id} saved in {path})")
+        if mode == "start":
+            print(
+                f"Answer it from another process: python -m runlet.demo --store {path} "
+                "--answer-pending"
+            )
+            return output
+        waiting = await store.list_pending(agent_name="support")
+        if not waiting:
+            print(
+                f"No run is waiting in {path}. Start one: python -m runlet.demo --store "
+                f"{path} --no-answer"
+            )
+        for found in waiting:
+            request, checkpoint_id = found.request, found.checkpoint_id
+            print(
+                f"[waiting since {found.created_at:%H:%M:%S}, run {found.run_id}] {request.prompt}"
+            )
+            while True:
+                response = await decide(request, ask)
+                result = await runtime.resume(agent, checkpoint_id=checkpoint_id, response=response)
+                if result.interruption is None or result.checkpoint_id is None:
+                    break
+                request, checkpoint_id = result.interruption, result.checkpoint_id
+                print(f"[interrupted: {request.kind}] {request.prompt}")
+            output = result.output or ""
+            print(f"agent: {output}")
+    return output
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m runlet.demo",
@@ -188,7 +238,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--model", default=None)
     parser.add_argument("--base-url", default=None)
-    return parser.parse_args(argv)
+    parser.add_argument("--store", metavar="FILE", help="a SQLite file for the checkpoints")
+    parser.add_argument("--no-answer", action="store_true", help="stop at the first question")
+    parser.add_argument("--answer-pending", action="store_true", help="answer waiting runs")
+    args = parser.parse_args(argv)
+    if (args.no_answer or args.answer_pending) and args.store is None:
+        parser.error("--no-answer and --answer-pending need --store FILE")
+    if args.no_answer and args.answer_pending:
+        parser.error("use --no-answer in one process and --answer-pending in another")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,6 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return await anyio.to_thread.run_sync(input, prompt)
 
     async def go() -> None:
+        if args.store is not None:
+            mode = "start" if args.no_answer else "answer" if args.answer_pending else "both"
+            await durable_demo(
+                make_model(args), ask if interactive else None, args.store, mode=mode
+            )
+            return
         await demo(make_model(args), ask if interactive else None)
 
     print(f"Runlet demo on {args.backend}, model: {args.provider}")

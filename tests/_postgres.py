@@ -1,9 +1,5 @@
-"""A throwaway PostgreSQL server for the tests, and a fresh schema per store.
-
-The server comes from the PostgreSQL installed on the machine (``initdb`` and ``pg_ctl``,
-found through ``pg_config --bindir`` or ``/usr/lib/postgresql/*/bin``): a temporary data
-directory, a free port on 127.0.0.1, stopped at the end of the session. As root, it runs
-as the ``postgres`` user. Set ``RUNLET_TEST_POSTGRES`` to a conninfo to use a server you
+"""A throwaway PostgreSQL server for the tests (see tests/_pgserver.py), and a fresh
+schema per store. Set ``RUNLET_TEST_POSTGRES`` to a conninfo to use a server you
 run yourself (a CI service, say) instead.
 
 Without server binaries the PostgreSQL tests skip, saying how to install them; when the
@@ -12,18 +8,13 @@ Without server binaries the PostgreSQL tests skip, saying how to install them; w
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
+from contextlib import asynccontextmanager
 
 import pytest
+from _pgserver import bindir, server
 
 ENV = "RUNLET_TEST_POSTGRES"
 MISSING = (
@@ -38,77 +29,6 @@ def unavailable(message: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(message + " (CI is set, so this fails instead of skipping)")
     pytest.skip(message)
-
-
-def bindir() -> Path | None:
-    """Where initdb and pg_ctl are, or None."""
-    candidates: list[str] = []
-    if shutil.which("pg_config"):
-        found = subprocess.run(
-            ["pg_config", "--bindir"], capture_output=True, text=True, check=False
-        )
-        candidates.append(found.stdout.strip())
-    candidates.extend(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True))
-    for candidate in candidates:
-        path = Path(candidate)
-        if (path / "initdb").exists() and (path / "pg_ctl").exists():
-            return path
-    return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def server(bin_path: Path) -> Iterator[str]:
-    """Run a fresh server; yield its conninfo."""
-    as_postgres: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="runlet-pg-"))
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(root, "postgres")
-    data, log, port = root / "data", root / "log", free_port()
-    try:
-        initdb = [bin_path / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8"]
-        subprocess.run(
-            [*as_postgres, *initdb, "--no-sync"],
-            check=True,
-            capture_output=True,
-        )
-        options = f"-h 127.0.0.1 -p {port} -k {root} -F -c max_connections=300"
-        started = subprocess.run(
-            [
-                *as_postgres,
-                bin_path / "pg_ctl",
-                "-D",
-                data,
-                "-l",
-                log,
-                "-o",
-                options,
-                "-w",
-                "start",
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        if started.returncode != 0:
-            raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{log.read_text()}")
-        try:
-            yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-        finally:
-            subprocess.run(
-                [*as_postgres, bin_path / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
-                check=False,
-                capture_output=True,
-            )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

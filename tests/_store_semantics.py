@@ -1,9 +1,13 @@
-"""The durable store protocol, as tests any store can be run against.
+"""Edge cases of the store protocol beyond the conformance suite (runlet.testing), where a
+SQL store could easily drift from the in-memory reference: saving over a claimed
+checkpoint, record order, token writes on unknown ids, metadata filters whose values
+compare differently in SQL (1, 1.0, true, "1", null, nested objects), paging after a
+resolved checkpoint, retention and the open/closed life.
 
-``semantics_tests(factory)`` returns a test class; ``factory(lease)`` is an async context
-manager yielding a fresh, empty store with that lease (``0`` means a claim can be taken
-over at once, which is how takeover is tested without waiting). The in-memory store runs
-them too, so they pin the reference semantics.
+``semantics_tests(factory)`` and ``sql_store_tests(factory)`` return test classes;
+``factory(lease)`` is an async context manager yielding a fresh, empty store with that
+lease (``0`` means a claim can be taken over at once). The in-memory store runs the
+semantics too, so they pin the reference behaviour.
 """
 
 from __future__ import annotations
@@ -18,10 +22,7 @@ import pytest
 from runlet import (
     CallRecord,
     Checkpoint,
-    CheckpointCancelledError,
-    CheckpointClaimedError,
     CheckpointNotFoundError,
-    CheckpointResolvedError,
     ConfigurationError,
     Decision,
     HumanRequest,
@@ -113,24 +114,6 @@ def semantics_tests(factory: Factory) -> type:
 
     @pytest.mark.anyio
     class StoreSemantics:
-        async def test_save_load_get(self) -> None:
-            cp = checkpoint(metadata={"user": "ann", "tags": ["a", "b"]})
-            async with factory(60.0) as store:
-                await store.save(cp)
-                assert cp == await store.load("cp_1")
-                stored = await store.get("cp_1")
-                assert (cp, "pending", (), None) == (
-                    stored.checkpoint,
-                    stored.status,
-                    stored.records,
-                    stored.resolution,
-                )
-                with pytest.raises(CheckpointNotFoundError) as caught:
-                    await store.load("nope")
-                assert "nope" == caught.value.checkpoint_id
-                with pytest.raises(CheckpointNotFoundError):
-                    await store.get("nope")
-
         async def test_save_again_replaces_data_and_keeps_state(self) -> None:
             async with factory(60.0) as store:
                 await store.save(checkpoint())
@@ -140,56 +123,6 @@ def semantics_tests(factory: Factory) -> type:
                 stored = await store.get("cp_1")
                 assert (changed, "claimed") == (stored.checkpoint, stored.status)
                 await store.release("cp_1", claim.token)
-
-        async def test_claim_is_exclusive_while_the_lease_holds(self) -> None:
-            async with factory(60.0) as store:
-                await store.save(checkpoint())
-                claim = await store.claim("cp_1")
-                assert (checkpoint(), ()) == (claim.checkpoint, claim.records)
-                assert "claimed" == (await store.get("cp_1")).status
-                with pytest.raises(CheckpointClaimedError) as caught:
-                    await store.claim("cp_1")
-                assert "cp_1" == caught.value.checkpoint_id
-                with pytest.raises(CheckpointNotFoundError):
-                    await store.claim("nope")
-
-        async def test_release_makes_it_claimable_and_keeps_records(self) -> None:
-            cp = checkpoint()
-            async with factory(60.0) as store:
-                await store.save(cp)
-                first = await store.claim("cp_1")
-                await store.record("cp_1", first.token, [record(cp)])
-                await store.release("cp_1", first.token)
-                assert "pending" == (await store.get("cp_1")).status
-                second = await store.claim("cp_1")
-                assert first.token != second.token
-                assert (record(cp),) == second.records
-                await store.release("cp_1", first.token)  # stale: nothing happens
-                assert "claimed" == (await store.get("cp_1")).status
-                await store.release("nope", "token")  # unknown: nothing happens
-
-        async def test_expired_lease_is_taken_over_and_the_old_token_is_refused(self) -> None:
-            cp = checkpoint()
-            async with factory(0) as store:
-                assert 0 == store.lease
-                await store.save(cp)
-                old = await store.claim("cp_1")
-                await store.record("cp_1", old.token, [record(cp)])
-                await store.renew("cp_1", old.token)  # still its token, even if expired
-                new = await store.claim("cp_1")
-                assert (record(cp),) == new.records
-                with pytest.raises(LeaseLostError) as caught:
-                    await store.renew("cp_1", old.token)
-                assert "cp_1" == caught.value.checkpoint_id
-                with pytest.raises(LeaseLostError):
-                    await store.record("cp_1", old.token, [record(cp, result="late")])
-                with pytest.raises(LeaseLostError):
-                    await store.resolve("cp_1", old.token, resolution(cp))
-                await store.release("cp_1", old.token)
-                stored = await store.get("cp_1")
-                assert ("claimed", (record(cp),)) == (stored.status, stored.records)
-                await store.resolve("cp_1", new.token, resolution(cp))
-                assert "resolved" == (await store.get("cp_1")).status
 
         async def test_token_writes_on_unknown_checkpoints_lose_the_lease(self) -> None:
             async with factory(60.0) as store:
@@ -211,47 +144,6 @@ def semantics_tests(factory: Factory) -> type:
                 assert (record(cp, 1, result="ok"), record(cp, 0), record(cp, 2)) == (
                     await store.get("cp_1")
                 ).records
-
-        async def test_resolve_stores_the_outcome_and_the_next_checkpoint(self) -> None:
-            cp = checkpoint()
-            nxt = checkpoint("cp_2", text="next")
-            async with factory(60.0) as store:
-                await store.save(cp)
-                claim = await store.claim("cp_1")
-                await store.resolve("cp_1", claim.token, resolution(cp), nxt)
-                stored = await store.get("cp_1")
-                assert ("resolved", resolution(cp)) == (stored.status, stored.resolution)
-                assert cp == await store.load("cp_1")
-                assert ("pending", nxt) == (
-                    (await store.get("cp_2")).status,
-                    (await store.get("cp_2")).checkpoint,
-                )
-                with pytest.raises(CheckpointResolvedError) as caught:
-                    await store.claim("cp_1")
-                assert resolution(cp) == caught.value.resolution
-                with pytest.raises(LeaseLostError):
-                    await store.resolve("cp_1", claim.token, resolution(cp))
-
-        async def test_cancel(self) -> None:
-            async with factory(60.0) as store:
-                await store.save(checkpoint())
-                await store.cancel("cp_1")
-                await store.cancel("cp_1")
-                assert "cancelled" == (await store.get("cp_1")).status
-                with pytest.raises(CheckpointCancelledError):
-                    await store.load("cp_1")
-                with pytest.raises(CheckpointCancelledError):
-                    await store.claim("cp_1")
-                with pytest.raises(CheckpointNotFoundError):
-                    await store.cancel("nope")
-                await store.save(checkpoint("cp_2"))
-                claim = await store.claim("cp_2")
-                with pytest.raises(CheckpointClaimedError):
-                    await store.cancel("cp_2")
-                await store.resolve("cp_2", claim.token, resolution(checkpoint("cp_2")))
-                with pytest.raises(CheckpointResolvedError) as caught:
-                    await store.cancel("cp_2")
-                assert resolution(checkpoint("cp_2")) == caught.value.resolution
 
         async def test_cancel_takes_an_expired_claim(self) -> None:
             async with factory(0) as store:
@@ -370,3 +262,77 @@ def semantics_tests(factory: Factory) -> type:
                 assert [] == list(await store.decisions("run_nope"))
 
     return StoreSemantics
+
+
+def sql_store_tests(factory: Factory) -> type:
+    """What the SQL stores add to the protocol: retention, and the open/closed life."""
+
+    @pytest.mark.anyio
+    class SQLStoreBehaviour:
+        async def test_purge_resolved(self) -> None:
+            async with factory(60.0) as store:
+                for n in range(3):
+                    await store.save(checkpoint(f"cp_{n}"))
+                claim = await store.claim("cp_0")
+                await store.record("cp_0", claim.token, [record(checkpoint("cp_0"))])
+                await store.resolve("cp_0", claim.token, resolution(checkpoint("cp_0")))
+                await store.cancel("cp_1")
+                assert 0 == await store.purge_resolved(older_than=timedelta(hours=1))
+                assert 0 == await store.purge_resolved(older_than=3600)
+                assert "resolved" == (await store.get("cp_0")).status
+                assert 2 == await store.purge_resolved(older_than=0)
+                for gone in ("cp_0", "cp_1"):
+                    with pytest.raises(CheckpointNotFoundError):
+                        await store.get(gone)
+                assert [] == list(await store.decisions("run_1"))
+                assert "pending" == (await store.get("cp_2")).status
+                for wrong in (-1, float("inf"), "1", None, timedelta(seconds=-1)):
+                    with pytest.raises(ConfigurationError):
+                        await store.purge_resolved(older_than=wrong)
+
+        async def test_used_outside_async_with(self) -> None:
+            async with factory(60.0) as store:
+                with pytest.raises(ConfigurationError, match="already open"):
+                    await store.__aenter__()
+            with pytest.raises(ConfigurationError, match="async with") as caught:
+                await store.get("cp_1")
+            assert type(store).__name__ in str(caught.value)
+            with pytest.raises(ConfigurationError, match="async with"):
+                await store.save(checkpoint())
+
+        async def test_a_runtime_resumes_through_the_store(self) -> None:
+            from runlet import Agent, HumanResponse, Runtime, ToolSpec
+            from runlet.testing import ScriptedModel, call
+
+            ran: list[str] = []
+
+            async def pay(arguments: Any, context: Any) -> str:
+                ran.append(context.idempotency_key)
+                return "paid"
+
+            tool = ToolSpec(
+                name="pay",
+                description="Pay.",
+                input_schema={"type": "object"},
+                handler=pay,
+                requires_approval=True,
+            )
+            agent = Agent("payer", "Pay.", ScriptedModel([call("pay"), "done"]), (tool,))
+            async with factory(60.0) as store:
+                runtime = Runtime(checkpoint_store=store)
+                interrupted = await runtime.run(agent, "go", metadata={"user": "ann"})
+                assert interrupted.checkpoint_id is not None
+                assert interrupted.interruption is not None
+                (listed,) = await store.list_pending(metadata={"user": "ann"})
+                assert interrupted.checkpoint_id == listed.checkpoint_id
+                response = HumanResponse(interrupted.interruption.id, "approve")
+                cp_id = interrupted.checkpoint_id
+                done = await runtime.resume(agent, checkpoint_id=cp_id, response=response)
+                again = await runtime.resume(agent, checkpoint_id=cp_id, response=response)
+                assert ("completed", "done") == (done.status, done.output)
+                assert done == again
+                assert 1 == len(ran)
+                assert "resolved" == (await store.get(cp_id)).status
+                assert ["approve"] == [d.action for d in await store.decisions(done.run_id)]
+
+    return SQLStoreBehaviour

@@ -63,6 +63,9 @@ async def test_w3_human_round_trip() -> None:
     assert workloads.FINAL == checks["runlet_output"] == checks["floor_output"]
     assert ["1"] == checks["runlet_tool_results"]  # the approved add(a=0, b=1) ran
     assert 0 == checks["runlet_store_size"] == checks["floor_store_size"]
+    # The floor keeps the same exactly-once records: one decision and one outcome a trip.
+    records, outcomes = checks["floor_journal"]
+    assert records == outcomes > 0
     data = json.loads(checks["runlet_checkpoint_json"])
     assert 2 == data["version"]
     assert "approve_add" == data["pending_tool_calls"][0]["name"]

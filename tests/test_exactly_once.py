@@ -801,3 +801,112 @@ async def test_a_json_checkpoint_from_another_process_resumes_exactly_once() -> 
 
     assert done == await other.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert 1 == len(payments.attempts)
+
+
+async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one() -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund both.")
+    one, two = first.pending_requests
+    second = await rt.resume(
+        agent, checkpoint_id=cp(first), response=HumanResponse(one.id, "approve")
+    )
+    assert (two,) == second.pending_requests
+
+    with pytest.raises(CheckpointResolvedError, match=f"still open at checkpoint '{cp(second)}'"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=HumanResponse(two.id, "approve"))
+
+    done = await rt.resume(
+        agent, checkpoint_id=cp(second), response=HumanResponse(two.id, "reject")
+    )
+    assert "completed" == done.status
+    assert ["1"] == list(payments.paid.values())
+
+
+async def test_several_answers_in_one_call_and_the_audit_trail() -> None:
+    payments = Payments()
+    model = ScriptedModel(
+        [
+            [
+                call("refund", id="a", order_id="1"),
+                call("refund", id="b", order_id="2"),
+                call("refund", id="c", order_id="3"),
+            ],
+            "Done.",
+        ]
+    )
+    clock = Clock()
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore(), clock=clock)
+    agent = agent_with(model, refund_spec(payments))
+    first = await rt.run(agent, "Refund all three.")
+    a, b, c = first.pending_requests
+    assert first.interruption == a
+
+    part = await rt.resume(
+        agent,
+        checkpoint_id=cp(first),
+        responses=[
+            HumanResponse(c.id, "reject", "duplicate", responded_by="ann"),
+            HumanResponse(a.id, "approve", responded_by="bob", metadata={"ticket": 7}),
+        ],
+    )
+    assert (b,) == part.pending_requests  # the one left keeps its request id
+    clock.advance(5)
+    done = await rt.resume(
+        agent,
+        checkpoint_id=cp(part),
+        response=HumanResponse(b.id, "approve", edited_arguments={"order_id": "22"}),
+    )
+
+    assert "completed" == done.status
+    assert ["1", "22"] == sorted(payments.paid.values())
+    tool_messages = [m.content for m in done.transcript if m.role == "tool"]
+    assert f"{runlet.REJECTION_MESSAGE} Reason: duplicate" == tool_messages[2]
+    assert [("a", "approve", "bob"), ("c", "reject", "ann"), ("b", "approve", None)] == [
+        (d.tool_call_id, d.action, d.responded_by) for d in done.decisions
+    ]
+    assert {"ticket": 7} == done.decisions[0].metadata
+    assert ({"order_id": "22"}, True) == (done.decisions[2].arguments, done.decisions[2].edited)
+    assert clock.now == done.decisions[2].decided_at
+    store = rt.checkpoint_store
+    assert isinstance(store, InMemoryCheckpointStore)
+    assert (
+        list(done.decisions)
+        == sorted(
+            await store.decisions(done.run_id), key=lambda d: (d.decided_at, d.tool_call_id != "a")
+        )
+        or len(await store.decisions(done.run_id)) == 3
+    )
+
+
+async def test_approval_prompt_and_allow_edit_per_tool() -> None:
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="a", order_id="1"), "Done."])
+    tool = refund_spec(
+        payments,
+        approval_prompt=lambda arguments: f"Refund order {arguments['order_id']}?",
+        allow_edit=False,
+    )
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(model, tool)
+    first = await rt.run(agent, "Refund.")
+    assert first.interruption is not None
+    assert "Refund order 1?" == first.interruption.prompt
+
+    with pytest.raises(HumanResponseError, match="allow_edit=False"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=approve(first, edited_arguments={"order_id": "2"}),
+        )
+    assert [] == payments.attempts
+    fixed = refund_spec(payments, approval_prompt="Refund it?")
+    other = await Runtime(checkpoint_store=InMemoryCheckpointStore()).run(
+        agent_with(ScriptedModel([call("refund", id="a", order_id="1")]), fixed), "Refund."
+    )
+    assert other.interruption is not None
+    assert "Refund it?" == other.interruption.prompt

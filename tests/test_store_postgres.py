@@ -1,4 +1,4 @@
-"""PostgresCheckpointStore: the store protocol, plus what is specific to PostgreSQL."""
+"""PostgresCheckpointStore: the conformance suite, plus what is specific to PostgreSQL."""
 
 from __future__ import annotations
 
@@ -6,9 +6,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
-from _postgres import postgres_store
-from _store_semantics import semantics_tests
+from _postgres import fresh_schema, postgres_store
+from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from conftest import BACKENDS
+
+from runlet import CheckpointClaimedError, ConfigurationError, StoreSchemaError
+
+psycopg = pytest.importorskip("psycopg")
+psycopg_pool = pytest.importorskip("psycopg_pool")
+
+from runlet.stores.postgres import PostgresCheckpointStore  # noqa: E402
+from runlet.testing import store_conformance_tests  # noqa: E402
 
 _server: list[str] = []
 
@@ -24,5 +35,121 @@ async def pg_store(lease: float | None) -> AsyncIterator[Any]:
         yield store
 
 
+TestConformance = store_conformance_tests(pg_store, backends=BACKENDS)
+
+
 class TestSemantics(semantics_tests(pg_store)):  # type: ignore[misc]
     pass
+
+
+class TestSQLStore(sql_store_tests(pg_store)):  # type: ignore[misc]
+    pass
+
+
+pytestmark = pytest.mark.anyio
+
+
+async def schema() -> str:
+    return await anyio.to_thread.run_sync(fresh_schema, _server[0])
+
+
+def execute(conninfo: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        cursor = conn.execute(statement)
+        return cursor.fetchall() if cursor.description else []
+
+
+async def test_workers_share_the_tables_and_the_claims() -> None:
+    conninfo = await schema()
+    stores = [PostgresCheckpointStore(conninfo, min_size=0, max_size=2) for _ in range(6)]
+    claimed: list[str] = []
+    refused: list[str] = []
+
+    saved = anyio.Event()
+
+    async def worker(n: int, store: PostgresCheckpointStore) -> None:
+        async with store:  # six pools create the tables at once
+            if n == 0:
+                await store.save(checkpoint())
+                saved.set()
+            await saved.wait()
+            try:
+                claimed.append((await store.claim("cp_1")).token)
+            except CheckpointClaimedError:
+                refused.append("refused")
+
+    async with anyio.create_task_group() as group:
+        for n, store in enumerate(stores):
+            group.start_soon(worker, n, store)
+    assert (1, 5) == (len(claimed), len(refused))
+    assert [(1,)] == execute(conninfo, "SELECT version FROM runlet_schema")
+
+
+async def test_a_database_of_an_unknown_schema_version_is_refused() -> None:
+    conninfo = await schema()
+    async with PostgresCheckpointStore(conninfo) as store:
+        await store.save(checkpoint())
+        assert "<conninfo>" in repr(store)
+    execute(conninfo, "UPDATE runlet_schema SET version = 7")
+    with pytest.raises(StoreSchemaError, match="schema version 7") as caught:
+        async with PostgresCheckpointStore(conninfo):
+            pass  # pragma: no cover
+    assert (7, 1) == (caught.value.found, caught.value.expected)
+    assert [(1,)] == execute(conninfo, "SELECT count(*) FROM runlet_checkpoints")
+
+
+async def test_lease_times_come_from_the_server() -> None:
+    conninfo = await schema()
+    async with PostgresCheckpointStore(conninfo, lease=30) as store:
+        await store.save(checkpoint())
+        await store.claim("cp_1")
+    ((seconds,),) = execute(
+        conninfo,
+        "SELECT extract(epoch FROM lease_until - clock_timestamp()) FROM runlet_checkpoints",
+    )
+    assert 0 < seconds <= 30
+
+
+async def test_connect_kwargs_reach_the_connections() -> None:
+    conninfo = await schema()
+    kwargs = {"prepare_threshold": None}
+    async with PostgresCheckpointStore(
+        conninfo, connect_kwargs=kwargs, min_size=0, check_connections=True
+    ) as store:
+        await store.save(checkpoint())
+        assert store._pool is not None
+        with store._pool.connection() as conn:
+            assert (None, True) == (conn.prepare_threshold, conn.autocommit)
+
+
+async def test_an_unreachable_server_fails_on_entering() -> None:
+    conninfo = "host=127.0.0.1 port=1 user=nobody dbname=nothing connect_timeout=1"
+    with pytest.raises(psycopg_pool.PoolTimeout):
+        async with PostgresCheckpointStore(conninfo, timeout=0.5):
+            pass  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"lease": -1}, {"max_size": 0}, {"min_size": 3, "max_size": 2}, {"timeout": 0}],
+)
+def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        PostgresCheckpointStore("dbname=x", **arguments)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["unchecked", "checked"])
+async def test_a_dropped_connection_is_replaced(check: bool) -> None:
+    conninfo = await schema()
+    async with PostgresCheckpointStore(
+        conninfo, min_size=1, max_size=1, check_connections=check
+    ) as store:
+        await store.save(checkpoint())
+        assert store._pool is not None
+        with store._pool.connection() as conn:  # the pool's only connection
+            pid = conn.info.backend_pid
+        await anyio.to_thread.run_sync(execute, conninfo, f"SELECT pg_terminate_backend({pid})")
+        if not check:  # the one call on the dead connection fails ...
+            with pytest.raises(psycopg.OperationalError):
+                await store.get("cp_1")
+        assert "pending" == (await store.get("cp_1")).status  # ... then it is replaced

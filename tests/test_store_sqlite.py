@@ -1,16 +1,29 @@
-"""SQLiteCheckpointStore: the store protocol, plus what is specific to SQLite."""
+"""SQLiteCheckpointStore: the conformance suite, plus what is specific to SQLite."""
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
-from _store_semantics import semantics_tests
+from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from conftest import BACKENDS
 
-from runlet import InMemoryCheckpointStore
+from runlet import (
+    CheckpointClaimedError,
+    ConfigurationError,
+    InMemoryCheckpointStore,
+    StoreSchemaError,
+)
 from runlet.stores.sqlite import SQLiteCheckpointStore
+from runlet.testing import store_conformance_tests
 
 _tmp: list[Path] = []
 
@@ -22,8 +35,10 @@ def _tmp_dir(tmp_path: Path) -> None:
 
 @asynccontextmanager
 async def sqlite_store(lease: float | None) -> AsyncIterator[SQLiteCheckpointStore]:
-    async with SQLiteCheckpointStore(_tmp[0] / "store.db", lease=lease) as store:
-        yield store
+    """A fresh store in a new file of its own."""
+    with tempfile.TemporaryDirectory(prefix="runlet-sqlite-") as root:
+        async with SQLiteCheckpointStore(Path(root) / "store.db", lease=lease) as store:
+            yield store
 
 
 @asynccontextmanager
@@ -31,15 +46,160 @@ async def memory_store(lease: float | None) -> AsyncIterator[InMemoryCheckpointS
     yield InMemoryCheckpointStore(lease=lease)
 
 
+TestConformance = store_conformance_tests(sqlite_store, backends=BACKENDS)
+
+
 class TestSemantics(semantics_tests(sqlite_store)):  # type: ignore[misc]
     pass
 
 
 class TestReferenceSemantics(semantics_tests(memory_store)):  # type: ignore[misc]
-    """The same tests on the in-memory reference store."""
+    """The same edge cases on the in-memory reference store."""
 
-    # runlet/_store.py InMemoryCheckpointStore.claim refuses an expired claim with
-    # CheckpointResolvedError instead of taking it over (reported to the lead).
-    @pytest.mark.xfail(reason="InMemoryCheckpointStore takeover bug", strict=False)
-    async def test_expired_lease_is_taken_over_and_the_old_token_is_refused(self) -> None:
-        await super().test_expired_lease_is_taken_over_and_the_old_token_is_refused()
+
+class TestSQLStore(sql_store_tests(sqlite_store)):  # type: ignore[misc]
+    pass
+
+
+pytestmark = pytest.mark.anyio
+
+
+def db_path() -> Path:
+    return _tmp[0] / "store.db"
+
+
+async def test_data_survives_closing_and_reopening() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+        claim = await store.claim("cp_1")
+    async with SQLiteCheckpointStore(db_path()) as store:
+        with pytest.raises(CheckpointClaimedError):
+            await store.claim("cp_1")
+        await store.release("cp_1", claim.token)
+        assert "pending" == (await store.get("cp_1")).status
+
+
+async def test_a_file_of_an_unknown_schema_version_is_refused() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+    raw = sqlite3.connect(db_path(), isolation_level=None)
+    raw.execute("UPDATE runlet_schema SET version = 99")
+    raw.close()
+    with pytest.raises(StoreSchemaError, match="schema version 99") as caught:
+        async with SQLiteCheckpointStore(db_path()):
+            pass  # pragma: no cover
+    assert (99, 1) == (caught.value.found, caught.value.expected)
+    raw = sqlite3.connect(db_path(), isolation_level=None)
+    assert [(99,)] == raw.execute("SELECT version FROM runlet_schema").fetchall()
+    raw.close()
+
+
+async def test_a_new_file_gets_wal_and_the_tables() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        assert str(db_path()) == store.path
+        assert "SQLiteCheckpointStore(" in repr(store)
+    raw = sqlite3.connect(db_path(), isolation_level=None)
+    assert [("wal",)] == raw.execute("PRAGMA journal_mode").fetchall()
+    tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    raw.close()
+    assert {"runlet_schema", "runlet_checkpoints", "runlet_records"} <= tables
+
+
+async def test_in_memory() -> None:
+    async with SQLiteCheckpointStore(":memory:", lease=None) as store:
+        assert store.lease is None
+        await store.save(checkpoint())
+        claim = await store.claim("cp_1")
+        await store.renew("cp_1", claim.token)
+        with pytest.raises(CheckpointClaimedError):  # no lease: held until released
+            await store.cancel("cp_1")
+        assert ["cp_1"] == [found.checkpoint_id for found in await store.list_pending()]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"lease": -1}, {"lease": "60"}, {"busy_timeout": -1}, {"connections": 0}],
+)
+def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteCheckpointStore("x.db", **arguments)
+
+
+async def test_a_cancelled_claim_leaves_the_checkpoint_claimable() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+        started = threading.Event()
+        take = store._take
+
+        def spy() -> sqlite3.Connection:
+            conn = take()
+            started.set()
+            return conn
+
+        store._take = spy  # type: ignore[method-assign]
+        blocker = sqlite3.connect(db_path(), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the claim's thread waits for this lock
+        try:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(store.claim, "cp_1")
+                    await anyio.to_thread.run_sync(started.wait)
+                    scope.cancel()  # takes effect once the thread has claimed
+                    blocker.execute("COMMIT")
+        finally:
+            blocker.close()
+        assert scope.cancelled_caught
+        assert "pending" == (await store.get("cp_1")).status
+        await store.claim("cp_1")
+
+
+async def test_the_stores_page_example_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from test_docs import run_page
+
+    monkeypatch.chdir(tmp_path)
+    namespace = await run_page("stores.md")
+    assert 1 == len(namespace["paid"])
+    assert "Invoice A-1 is paid." == namespace["again"].output
+    assert (tmp_path / "checkpoints.db").exists()
+
+
+async def test_a_file_that_is_not_a_database_is_refused() -> None:
+    db_path().write_bytes(b"not a database, just some bytes " * 100)
+    with pytest.raises(sqlite3.DatabaseError):
+        async with SQLiteCheckpointStore(db_path()):
+            pass  # pragma: no cover
+
+
+async def test_a_connection_left_inside_a_transaction_is_never_reused() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        conn = store._take()
+        conn.execute("BEGIN")
+        store._give(conn)
+        assert conn not in store._idle
+        with pytest.raises(sqlite3.ProgrammingError):  # closed
+            conn.execute("SELECT 1")
+        await store.save(checkpoint())  # the store opens a new one
+
+
+async def test_reads_are_a_transaction_only_when_asked() -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        with store._connection(write=False, atomic=True) as conn:
+            assert conn.in_transaction
+        with store._connection(write=False, atomic=False) as conn:
+            assert not conn.in_transaction
+        with store._connection(write=True, atomic=False) as conn:
+            assert conn.in_transaction  # every write takes the write lock first
+
+
+async def test_entering_cancelled_leaves_no_connection_open() -> None:
+    store = SQLiteCheckpointStore(db_path())
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        async with store:
+            pass  # pragma: no cover
+    assert scope.cancelled_caught
+    assert [] == store._idle
+    with pytest.raises(ConfigurationError, match="not open"):
+        await store.get("cp_1")

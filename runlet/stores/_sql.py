@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
@@ -133,9 +134,11 @@ class SQLStore:
         """Close every connection (in a worker thread)."""
         raise NotImplementedError
 
-    def _connection(self, *, write: bool, single: bool) -> AbstractContextManager[Connection]:
-        """A connection inside a transaction (a write transaction when *write*); with
-        *single* the caller runs one statement, which the store may run on its own."""
+    def _connection(self, *, write: bool, atomic: bool) -> AbstractContextManager[Connection]:
+        """A connection for a unit of work that writes (*write*) or only reads, and whose
+        statements must form one transaction (*atomic*). A store may run the statements
+        of a non-atomic unit each on its own (PostgreSQL autocommit), saving the round
+        trips of BEGIN and COMMIT; SQLite always wraps writes in ``BEGIN IMMEDIATE``."""
         raise NotImplementedError
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
@@ -154,7 +157,13 @@ class SQLStore:
     async def __aenter__(self: S) -> S:
         if self._limiter is not None:
             raise ConfigurationError(f"This {self._name} is already open; enter it once.")
-        await anyio.to_thread.run_sync(self._open)
+        try:
+            await anyio.to_thread.run_sync(self._open)
+        except anyio.get_cancelled_exc_class():
+            # The thread finished opening before the cancellation took effect.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._disconnect)
+            raise
         self._limiter = anyio.CapacityLimiter(self._connections)
         return self
 
@@ -171,7 +180,7 @@ class SQLStore:
     def _open(self) -> None:
         self._connect()
         try:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 self._check_schema(conn)
         except BaseException:
             self._disconnect()
@@ -214,12 +223,12 @@ class SQLStore:
         whose state is kept).
 
         Raises:
-            CheckpointSerializationError: The checkpoint holds data that is not JSON.
+            ~runlet.CheckpointSerializationError: The checkpoint holds data that is not JSON.
         """
 
         def work() -> None:
             params = _checkpoint_params(checkpoint)
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 conn.execute(self._sql.save, params)
 
         await self._run(work)
@@ -228,12 +237,12 @@ class SQLStore:
         """Return the checkpoint, whatever its state.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointCancelledError: It was cancelled.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointCancelledError: It was cancelled.
         """
 
         def work() -> Checkpoint:
-            with self._connection(write=False, single=True) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 row = conn.execute(self._sql.load, {"id": checkpoint_id}).fetchone()
             if row is None:
                 raise not_found(checkpoint_id)
@@ -247,7 +256,7 @@ class SQLStore:
         """Forget the checkpoint with its records and outcome; nothing if there is none."""
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 conn.execute(self._sql.delete_records, {"id": checkpoint_id})
                 conn.execute(self._sql.delete, {"id": checkpoint_id})
 
@@ -259,11 +268,11 @@ class SQLStore:
         """The checkpoint with its status, records and resolution.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
         """
 
         def work() -> StoredCheckpoint:
-            with self._connection(write=False, single=False) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 row = conn.execute(self._sql.get, {"id": checkpoint_id}).fetchone()
                 if row is None:
                     raise not_found(checkpoint_id)
@@ -284,16 +293,16 @@ class SQLStore:
         database's clock. A cancelled call gives the claim back before it re-raises.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointCancelledError: It was cancelled.
-            CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
-            CheckpointClaimedError: Another claim holds it and its lease has not run out.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointCancelledError: It was cancelled.
+            ~runlet.CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
+            ~runlet.CheckpointClaimedError: Another claim holds it and its lease has not run out.
         """
         token = new_token()
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
         def work() -> Claim:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 for _ in range(_CLAIM_ATTEMPTS):
                     row = conn.execute(self._sql.claim, params).fetchone()
                     if row is not None:
@@ -305,7 +314,11 @@ class SQLStore:
             return Claim(checkpoint=_checkpoint(row[0]), token=token, records=_records(records))
 
         try:
-            return await self._run(work)
+            claim = await self._run(work)
+            # A cancellation that arrived while the thread ran must not hand out a claim
+            # the caller will never see.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return claim
         except anyio.get_cancelled_exc_class():
             # The thread may have claimed before the cancellation took effect: nobody
             # holds that token, so give the checkpoint back instead of waiting a lease.
@@ -317,12 +330,12 @@ class SQLStore:
         """Extend the claim's lease by :attr:`lease` seconds from now (database clock).
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
         def work() -> None:
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 renewed = conn.execute(self._sql.renew, params).rowcount
             if renewed != 1:
                 raise lease_lost(checkpoint_id)
@@ -334,7 +347,7 @@ class SQLStore:
         transaction that first checks the token.
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         rows = [
             {
@@ -347,7 +360,7 @@ class SQLStore:
         ]
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 held = conn.execute(self._sql.holder, {"id": checkpoint_id, "token": token})
                 row = held.fetchone()
                 if row is None:
@@ -368,14 +381,14 @@ class SQLStore:
         pending, in one transaction.
 
         Raises:
-            LeaseLostError: *token* no longer holds the checkpoint.
+            ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
         params = {"id": checkpoint_id, "token": token}
 
         def work() -> None:
             params["resolution"] = dumps(unstructure(resolution))
             after = None if next_checkpoint is None else _checkpoint_params(next_checkpoint)
-            with self._connection(write=True, single=after is None) as conn:
+            with self._connection(write=True, atomic=after is not None) as conn:
                 if conn.execute(self._sql.resolve, params).rowcount != 1:
                     raise lease_lost(checkpoint_id)
                 if after is not None:
@@ -388,7 +401,7 @@ class SQLStore:
         Does nothing if *token* no longer holds it."""
 
         def work() -> None:
-            with self._connection(write=True, single=True) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 conn.execute(self._sql.release, {"id": checkpoint_id, "token": token})
 
         await self._run(work)
@@ -397,13 +410,13 @@ class SQLStore:
         """Retire the checkpoint without resolving it; cancelling twice is fine.
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
-            CheckpointClaimedError: A resume holds it right now (its lease holds).
-            CheckpointResolvedError: It was already resolved.
+            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointClaimedError: A resume holds it right now (its lease holds).
+            ~runlet.CheckpointResolvedError: It was already resolved.
         """
 
         def work() -> None:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=False) as conn:
                 for _ in range(_CLAIM_ATTEMPTS):
                     if conn.execute(self._sql.cancel, {"id": checkpoint_id}).rowcount == 1:
                         return
@@ -430,15 +443,15 @@ class SQLStore:
                 equal value.
 
         Raises:
-            CheckpointNotFoundError: *after* names no checkpoint of this store.
-            ConfigurationError: *limit* is not a positive int.
+            ~runlet.CheckpointNotFoundError: *after* names no checkpoint of this store.
+            ~runlet.ConfigurationError: *limit* is not a positive int.
         """
         check_limit(limit)
         wanted = dict(metadata) if metadata else {}
         prefilter = _prefilter(wanted)
 
         def work() -> list[PendingRequest]:
-            with self._connection(write=False, single=False) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 start = 0
                 if after is not None:
                     row = conn.execute(self._sql.seq, {"id": after}).fetchone()
@@ -456,7 +469,7 @@ class SQLStore:
         """Every decision recorded for the run's checkpoints, oldest first."""
 
         def work() -> list[Decision]:
-            with self._connection(write=False, single=True) as conn:
+            with self._connection(write=False, atomic=False) as conn:
                 rows = conn.execute(self._sql.decisions, {"run_id": run_id}).fetchall()
             found = [record.decision for record in _records(rows)]
             found.sort(key=lambda decision: decision.decided_at)
@@ -475,7 +488,7 @@ class SQLStore:
         as long as a client may repeat a response, or your audit rules require.
 
         Raises:
-            ConfigurationError: *older_than* is negative or not a duration.
+            ~runlet.ConfigurationError: *older_than* is negative or not a duration.
         """
         age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if type(age) not in (int, float) or not 0 <= age < math.inf:
@@ -486,7 +499,7 @@ class SQLStore:
         params = {"age": float(age)}
 
         def work() -> int:
-            with self._connection(write=True, single=False) as conn:
+            with self._connection(write=True, atomic=True) as conn:
                 conn.execute(self._sql.purge_records, params)
                 purged: int = conn.execute(self._sql.purge, params).rowcount
             return purged

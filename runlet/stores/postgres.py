@@ -259,11 +259,17 @@ class PostgresCheckpointStore(SQLStore):
         timeout: Seconds to wait for the server when opening, and for a free connection.
         connect_kwargs: Extra keyword arguments for each ``psycopg.connect`` (for
             instance ``{"prepare_threshold": None}`` behind PgBouncer in transaction mode).
+        check_connections: Check that a pooled connection is alive (an empty query, one
+            more round trip) before each store call. Without the check, a connection that
+            died (a restarted server, a proxy timeout) fails the one call that uses it,
+            and the pool replaces it; a failed resume leaves its checkpoint resumable.
 
     Raises:
-        ConfigurationError: An argument is out of range.
-        StoreSchemaError: On entering, the database holds tables of an unknown schema.
-        psycopg_pool.PoolTimeout: On entering, the server could not be reached in time.
+        ~runlet.ConfigurationError: An argument is out of range.
+        ~runlet.StoreSchemaError: On entering, the database holds tables of an unknown schema.
+
+    Entering raises ``psycopg_pool.PoolTimeout`` when the server cannot be reached within
+    *timeout*; other database failures raise psycopg's own errors.
     """
 
     _sql = STATEMENTS
@@ -278,6 +284,7 @@ class PostgresCheckpointStore(SQLStore):
         max_size: int = 10,
         timeout: float = 30.0,
         connect_kwargs: Mapping[str, Any] | None = None,
+        check_connections: bool = False,
     ) -> None:
         super().__init__(lease=lease, connections=max_size)
         if type(min_size) is not int or not 0 <= min_size <= max_size:
@@ -292,6 +299,7 @@ class PostgresCheckpointStore(SQLStore):
         self._min_size = min_size
         self._timeout = float(timeout)
         self._kwargs = {**(connect_kwargs or {}), "autocommit": True}
+        self._check = psycopg_pool.ConnectionPool.check_connection if check_connections else None
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
 
     def __repr__(self) -> str:
@@ -304,7 +312,7 @@ class PostgresCheckpointStore(SQLStore):
             max_size=self._connections,
             timeout=self._timeout,
             kwargs=self._kwargs,
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=self._check,
             name="runlet",
             open=False,
         )
@@ -321,17 +329,17 @@ class PostgresCheckpointStore(SQLStore):
             pool.close()
 
     @contextmanager
-    def _connection(self, *, write: bool, single: bool) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(self, *, write: bool, atomic: bool) -> Iterator[psycopg.Connection[Any]]:
         pool = self._pool
         assert pool is not None
-        # Connections are in autocommit mode: one statement is its own transaction;
-        # several run inside conn.transaction(), which commits or rolls back on exit.
+        # Connections are in autocommit mode: each statement is its own transaction,
+        # unless the unit is atomic: then conn.transaction() commits or rolls back on exit.
         with pool.connection() as conn:
-            if single:
-                yield conn
-            else:
+            if atomic:
                 with conn.transaction():
                     yield conn
+            else:
+                yield conn
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         strings = {key: value for key, value in scalars.items() if isinstance(value, str)}

@@ -256,7 +256,7 @@ class SQLiteCheckpointStore(SQLStore):
     once) and refuses a file whose Runlet tables have an unknown schema version. Every
     call runs in a worker thread; checkpoints, records and outcomes are kept as JSON
     text. Resolved and cancelled checkpoints are kept (so a repeated resume returns the
-    stored result) until :meth:`~SQLStore.delete` or :meth:`~SQLStore.purge_resolved`.
+    stored result) until :meth:`delete` or :meth:`purge_resolved`.
 
     Args:
         path: The database file (created if missing). ``":memory:"`` keeps everything
@@ -269,9 +269,9 @@ class SQLiteCheckpointStore(SQLStore):
         connections: Connections (and so worker threads) the store uses at most.
 
     Raises:
-        ConfigurationError: An argument is out of range, or Python's SQLite is older
+        ~runlet.ConfigurationError: An argument is out of range, or Python's SQLite is older
             than 3.35.
-        StoreSchemaError: On entering, the file holds tables of an unknown schema.
+        ~runlet.StoreSchemaError: On entering, the file holds tables of an unknown schema.
     """
 
     _sql = STATEMENTS
@@ -349,14 +349,14 @@ class SQLiteCheckpointStore(SQLStore):
             self._idle.append(conn)
 
     @contextmanager
-    def _connection(self, *, write: bool, single: bool) -> Iterator[sqlite3.Connection]:
+    def _connection(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
         # Every write takes the write lock up front (BEGIN IMMEDIATE), so it waits for
         # other writers with the busy timeout instead of failing half-way.
         conn = self._take()
         try:
             if write:
                 conn.execute(BEGIN_IMMEDIATE)
-            elif not single:
+            elif atomic:
                 conn.execute(BEGIN)
             try:
                 yield conn
