@@ -395,6 +395,23 @@ async def test_errors_answer_with_the_status_of_their_class(
     assert conflict.status_code == 409
     assert conflict.json()["error"] == "HumanResponseConflictError"
 
+    # A cancelled run is gone for good: 410, and no longer pending.
+    other = await start_run(client, server, "Refund order 10.")
+    assert other.checkpoint_id is not None
+    assert other.interruption is not None
+    cancelled = await client.post(f"{server.url}/checkpoints/{other.checkpoint_id}/cancel")
+    assert cancelled.json() == {"checkpoint_id": other.checkpoint_id, "status": "cancelled"}
+    response = await answer(client, server, other.checkpoint_id, approve(other.interruption.id))
+    assert response.status_code == 410
+    assert response.json()["error"] == "CheckpointCancelledError"
+    assert (await client.get(f"{server.url}/pending")).json()["pending"] == []
+    again = await client.post(f"{server.url}/checkpoints/{checkpoint_id}/cancel")
+    assert again.status_code == 409  # answered already: too late to cancel
+    assert again.json()["error"] == "CheckpointResolvedError"
+    unknown = await client.post(f"{server.url}/checkpoints/cp_unknown/cancel")
+    assert unknown.status_code == 404
+    assert ledger(server.data_dir) == ["9"]
+
 
 @pytest.mark.parametrize("kind", ["fastapi", "trio"])
 async def test_pending_requests_come_in_pages(

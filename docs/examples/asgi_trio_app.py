@@ -118,6 +118,9 @@ class App:
                     agent, checkpoint_id=checkpoint_id, responses=responses
                 )
                 await send_events(send, receive, stream)
+            case "POST", ["checkpoints", checkpoint_id, "cancel"]:
+                await runtime.cancel(checkpoint_id)
+                await send_json(send, {"checkpoint_id": checkpoint_id, "status": "cancelled"})
             case "GET", ["runs", run_id, "decisions"]:
                 found = await store.decisions(run_id)
                 await send_json(send, {"decisions": [unstructure(d) for d in found]})

@@ -12,6 +12,7 @@ Endpoints (JSON in and out, Runlet objects in the form of ``runlet.unstructure``
 - ``POST /checkpoints/{checkpoint_id}/responses`` ``{"responses": [...]}``: answer one
   or several of a checkpoint's requests.
 - ``POST /checkpoints/{checkpoint_id}/responses/stream``: the same, as server-sent events.
+- ``POST /checkpoints/{checkpoint_id}/cancel``: give up on a run without running anything.
 - ``GET /runs/{run_id}/decisions``: the run's audit trail.
 """
 
@@ -104,6 +105,12 @@ async def answer(checkpoint_id: str, body: Answers, request: Request) -> JSONRes
         agent, checkpoint_id=checkpoint_id, responses=body.parsed()
     )
     return JSONResponse(unstructure(result))
+
+
+@app.post("/checkpoints/{checkpoint_id}/cancel")
+async def cancel(checkpoint_id: str, request: Request) -> JSONResponse:
+    await runtime(request).cancel(checkpoint_id)
+    return JSONResponse({"checkpoint_id": checkpoint_id, "status": "cancelled"})
 
 
 @app.get("/runs/{run_id}/decisions")
