@@ -454,16 +454,13 @@ def _check_object(value: Any, path: str) -> None:
     if attrs.has(type(value)):
         for field in attrs.fields(type(value)):
             item = getattr(value, field.name)
-            where = f"{path}.{field.name}" if path else field.name
-            if isinstance(item, datetime):
-                continue
-            if isinstance(item, tuple) and item and attrs.has(type(item[0])):
-                for index, element in enumerate(item):
-                    _check_object(element, f"{where}[{index}]")
-            else:
-                _check_object(item, where)
-        return
-    _check_json(value, path or type(value).__name__)
+            if not isinstance(item, datetime):
+                _check_object(item, f"{path}.{field.name}" if path else field.name)
+    elif isinstance(value, (tuple, list)) and any(attrs.has(type(item)) for item in value):
+        for index, item in enumerate(value):
+            _check_object(item, f"{path}[{index}]")
+    else:
+        _check_json(value, path or type(value).__name__)
 
 
 def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:

@@ -25,6 +25,7 @@ from strategies import (
     stream_events,
     tool_calls,
     tool_results,
+    transcripts,
     usages,
 )
 
@@ -93,6 +94,16 @@ class TestRoundTrip:
     @given(event=stream_events)
     def test_every_stream_event_by_its_class(self, event: StreamEvent) -> None:
         assert event == structure(through_json(unstructure(event)), type(event))
+
+    @given(transcript=transcripts)
+    def test_a_sequence_of_data_objects(self, transcript: tuple[Message, ...]) -> None:
+        data = through_json(unstructure(transcript))
+        assert transcript == structure(data, tuple[Message, ...])
+
+    def test_a_sequence_names_the_index_of_a_bad_value(self) -> None:
+        with pytest.raises(CheckpointSerializationError) as caught:
+            unstructure([Message.user("hi"), Message.assistant("", [_call(1j)])])
+        assert caught.value.path == "[1].tool_calls[0].arguments['when']"
 
     @given(checkpoint=checkpoints())
     def test_a_checkpoint_unstructures_like_unstructure_checkpoint(self, checkpoint: Any) -> None:
