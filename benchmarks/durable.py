@@ -167,7 +167,8 @@ class PostgresDatabase(Database):
     def store(self, where: str, resumers: int) -> Any:
         from runlet.stores.postgres import PostgresCheckpointStore
 
-        return PostgresCheckpointStore(where, lease=LEASE, max_size=resumers)
+        # All connections open up front, as the floor's are.
+        return PostgresCheckpointStore(where, lease=LEASE, min_size=resumers, max_size=resumers)
 
     def connect(self, where: str) -> Any:
         import psycopg

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Final
 
 from .._errors import ConfigurationError
@@ -300,6 +300,7 @@ class SQLiteCheckpointStore(SQLStore):
         self._busy_timeout = float(busy_timeout)
         self._idle: list[sqlite3.Connection] = []
         self._idle_lock = threading.Lock()
+        self._write_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"SQLiteCheckpointStore({self._path!r}, lease={self._lease!r})"
@@ -351,7 +352,17 @@ class SQLiteCheckpointStore(SQLStore):
     @contextmanager
     def _connection(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
         # Every write takes the write lock up front (BEGIN IMMEDIATE), so it waits for
-        # other writers with the busy timeout instead of failing half-way.
+        # other writers with the busy timeout instead of failing half-way. Writers of this
+        # process queue on a thread lock first: SQLite's busy handler waits by sleeping
+        # (up to 100 ms at a time), which is right between processes but slow within one.
+        with (
+            self._write_lock if write else nullcontext(),
+            self._transaction(write=write, atomic=atomic) as conn,
+        ):
+            yield conn
+
+    @contextmanager
+    def _transaction(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
         conn = self._take()
         try:
             if write:
