@@ -2,39 +2,33 @@
 
 :func:`~runlet.unstructure` and :func:`~runlet.structure` handle each event class on its
 own; a relay needs one form for all of them, so this one names the class in a ``"type"``
-key. The table below is the one place that knows the event classes.
+key. The tags come from the :data:`~runlet.StreamEvent` union itself, so a new event
+class needs no change here: adding it to the union gives it its tag.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from ._checkpoint import structure, unstructure
 from ._errors import CheckpointSerializationError
-from ._events import (
-    Interrupted,
-    MessageCompleted,
-    RunFinished,
-    StreamEvent,
-    ToolCallFinished,
-    ToolCallStarted,
-)
-from ._model import TextDelta, ToolCallDelta
+from ._events import StreamEvent
 
 __all__ = ["EVENT_TYPES", "structure_event", "unstructure_event"]
 
-EVENT_TYPES: Final[Mapping[str, type[Any]]] = {
-    "text_delta": TextDelta,
-    "tool_call_delta": ToolCallDelta,
-    "message_completed": MessageCompleted,
-    "tool_call_started": ToolCallStarted,
-    "tool_call_finished": ToolCallFinished,
-    "interrupted": Interrupted,
-    "run_finished": RunFinished,
-}
-"""The ``"type"`` tag of each stream event class in :func:`unstructure_event`'s form, one
-per member of :data:`~runlet.StreamEvent`."""
+
+def _tag(cls: type[Any]) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+EVENT_TYPES: Final[Mapping[str, type[Any]]] = {_tag(cls): cls for cls in get_args(StreamEvent)}
+"""The ``"type"`` tag of each stream event class in :func:`unstructure_event`'s form: the
+class name in snake case, one per member of :data:`~runlet.StreamEvent` (``"text_delta"``
+for :class:`~runlet.TextDelta`, ``"tool_call_started"`` for
+:class:`~runlet.ToolCallStarted`, and so on). The tags are part of the wire format and
+never change for an existing event."""
 
 _TAGS: Final = {cls: tag for tag, cls in EVENT_TYPES.items()}
 
@@ -43,10 +37,11 @@ def unstructure_event(event: StreamEvent) -> dict[str, Any]:
     """Turn a stream event into a JSON object that says which event it is, for sending
     it on (e.g. as the data of a server-sent event).
 
-    The object is ``{"type": tag, **unstructure(event)}``, with the tags of
-    :data:`EVENT_TYPES`: ``"text_delta"``, ``"tool_call_delta"``, ``"message_completed"``,
-    ``"tool_call_started"``, ``"tool_call_finished"``, ``"interrupted"`` and
-    ``"run_finished"``. :func:`structure_event` turns it back.
+    The object is ``{"type": tag, **unstructure(event)}``, with the tag of
+    :data:`EVENT_TYPES` for the event's class: ``"text_delta"``, ``"tool_call_delta"``,
+    ``"message_completed"``, ``"tool_call_started"``, ``"tool_call_finished"``,
+    ``"interrupted"``, ``"run_finished"``, and so on for every member of
+    :data:`~runlet.StreamEvent`. :func:`structure_event` turns it back.
 
     Raises:
         CheckpointSerializationError: *event* is not a stream event, or a value inside

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from strategies import (
     checkpoints,
     decisions,
+    event_strategies,
     human_requests,
     human_responses,
     json_values,
@@ -150,15 +151,29 @@ class TestTaggedEvents:
         assert EVENT_TYPES[data["type"]] is type(event)
         assert event == structure_event(data)
 
-    def test_the_table_covers_the_stream_event_union_exactly(self) -> None:
-        # A new event class (say a reasoning delta) needs its one line in EVENT_TYPES.
-        assert sorted(EVENT_TYPES.values(), key=str) == sorted(EVENT_CLASSES, key=str)
-        assert len(set(EVENT_TYPES.values())) == len(EVENT_TYPES)
+    def test_every_member_of_the_union_has_a_tag_and_a_strategy(self) -> None:
+        # A new event class (say a reasoning delta) gets its tag from the union; the
+        # round-trip tests need its strategy in tests/strategies.py.
+        assert set(EVENT_TYPES.values()) == set(EVENT_CLASSES)
+        assert len(EVENT_TYPES) == len(EVENT_CLASSES)
+        assert set(event_strategies) == set(EVENT_CLASSES)
 
     @pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.__name__)
     def test_tags_are_the_class_names_in_snake_case(self, cls: type[Any]) -> None:
         tag = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
         assert EVENT_TYPES[tag] is cls
+
+    def test_the_tags_of_the_wire_format_stay(self) -> None:
+        expected = {
+            "text_delta": TextDelta,
+            "tool_call_delta": ToolCallDelta,
+            "message_completed": MessageCompleted,
+            "tool_call_started": ToolCallStarted,
+            "tool_call_finished": ToolCallFinished,
+            "interrupted": Interrupted,
+            "run_finished": RunFinished,
+        }
+        assert expected == {tag: EVENT_TYPES[tag] for tag in expected}
 
     def test_the_form_is_the_tag_then_the_fields(self) -> None:
         call = ToolCall("call_1", "refund", {"order_id": "123"})
