@@ -49,6 +49,9 @@ from ._human import HumanRequest as HumanRequest
 from ._human import HumanRequestKind as HumanRequestKind
 from ._human import HumanResponse as HumanResponse
 from ._human import ask_human as ask_human
+from ._json import EVENT_TYPES as EVENT_TYPES
+from ._json import structure_event as structure_event
+from ._json import unstructure_event as unstructure_event
 from ._messages import Message as Message
 from ._messages import ReasoningPart as ReasoningPart
 from ._messages import Role as Role
@@ -88,6 +91,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "EVENT_TYPES",
     "EXPIRY_MESSAGE",
     "OUTCOME_UNKNOWN_PROMPT",
     "REJECTION_MESSAGE",
@@ -162,8 +166,10 @@ __all__ = [
     "ask_human",
     "structure",
     "structure_checkpoint",
+    "structure_event",
     "unstructure",
     "unstructure_checkpoint",
+    "unstructure_event",
 ]
 
 fixup_module_metadata(__name__, globals())

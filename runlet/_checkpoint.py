@@ -6,14 +6,14 @@ import math
 import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from types import MappingProxyType
-from typing import Any, TypeVar
+from types import MappingProxyType, UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from ._errors import CheckpointSerializationError
+from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest
 from ._messages import Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
@@ -286,6 +286,17 @@ def _exactly(type_: type) -> Any:
     return structure
 
 
+def _is_literal(type_: Any) -> bool:
+    return get_origin(type_) is Literal
+
+
+def _structure_literal(value: Any, type_: Any) -> Any:
+    allowed = get_args(type_)
+    if any(value == option and type(value) is type(option) for option in allowed):
+        return value
+    raise ValueError(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
 def _register_tuples(converter: cattrs.Converter) -> None:
     # cattrs handles tuple[X, ...] with a generic hook that looks up X's hook on every
     # call; binding it once takes ~15% off a checkpoint's (de)serialization. Same data
@@ -389,6 +400,7 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter.register_structure_hook_func(_is_json_mapping, _structure_json_object)
     for type_ in (str, int, bool):
         converter.register_structure_hook(type_, _exactly(type_))
+    converter.register_structure_hook_func(_is_literal, _structure_literal)
     converter.register_unstructure_hook(datetime, _unstructure_datetime)
     converter.register_structure_hook(datetime, _structure_datetime)
     if not detailed:
@@ -508,27 +520,62 @@ T = TypeVar("T")
 
 
 def unstructure(obj: Any) -> Any:
-    """Turn a Runlet data object (a :class:`~runlet.RunResult`, request, response,
-    message, stream event, checkpoint, ...) into JSON-compatible data, with the one
-    converter Runlet uses for checkpoints. :func:`structure` turns it back.
+    """Turn a Runlet data object into JSON-compatible data (for ``json.dumps``), with the
+    one converter Runlet uses for checkpoints; :func:`structure` turns it back, equal to
+    the original.
+
+    It takes every public data class: :class:`~runlet.RunResult`,
+    :class:`~runlet.HumanRequest`, :class:`~runlet.HumanResponse`,
+    :class:`~runlet.PendingRequest`, :class:`~runlet.Decision`, :class:`~runlet.Message`,
+    :class:`~runlet.ToolCall`, :class:`~runlet.ToolResult`, :class:`~runlet.Usage`, each
+    stream event (see :func:`~runlet.unstructure_event` for a tagged form) and
+    :class:`~runlet.Checkpoint` (like :func:`unstructure_checkpoint`). Fields that hold
+    their default value are left out; times are ISO 8601 strings.
 
     Raises:
-        CheckpointSerializationError: A value inside is not JSON-compatible (the path
-            says where).
+        CheckpointSerializationError: A value inside (tool arguments, metadata) is not
+            JSON-compatible; the error's ``path`` says where, relative to *obj*, e.g.
+            ``transcript[1].tool_calls[0].arguments['when']``.
     """
     if isinstance(obj, Checkpoint):
         return unstructure_checkpoint(obj)
-    data = _converter.unstructure(obj)
-    _check_json(data, type(obj).__name__)
-    return data
+    _check_object(obj, "")
+    return _converter.unstructure(obj)
+
+
+def _check_object(value: Any, path: str) -> None:
+    """Refuse a value inside *value* that is not JSON-compatible, naming its path the way
+    checkpoint errors do (``field.field[index]['key']``)."""
+    if attrs.has(type(value)):
+        for field in attrs.fields(type(value)):
+            item = getattr(value, field.name)
+            if not isinstance(item, datetime):
+                _check_object(item, f"{path}.{field.name}" if path else field.name)
+    elif isinstance(value, (tuple, list)) and any(attrs.has(type(item)) for item in value):
+        for index, item in enumerate(value):
+            _check_object(item, f"{path}[{index}]")
+    else:
+        _check_json(value, path or type(value).__name__)
 
 
 def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
-    """Turn data made by :func:`unstructure` back into an instance of *cls*, exactly.
+    """Turn data made by :func:`unstructure` (for instance after a JSON round trip) back
+    into an instance of *cls*, exactly: no value is converted to fit, so ``"1"`` is not an
+    int and ``1`` is not a string.
 
     Raises:
-        CheckpointSerializationError: The data is malformed; the message names the path.
+        CheckpointSerializationError: The data is malformed: not a JSON object where one
+            is needed, a missing or unknown field, a value of the wrong type, or one the
+            class refuses (e.g. a :class:`~runlet.HumanResponse` that makes no sense). The
+            message names every offending path; ``path`` holds the first, e.g.
+            ``RunResult.transcript[0].role``. Also when *cls* is a union (such as
+            :data:`~runlet.StreamEvent`): use :func:`~runlet.structure_event` for events.
     """
+    if get_origin(cls) in (Union, UnionType):
+        raise CheckpointSerializationError(
+            f"structure() needs one class, not the union {cls}; for stream events use "
+            "structure_event() on data from unstructure_event(), which names the event type."
+        )
     try:
         return _converter.structure(data, cls)
     except Exception:  # noqa: BLE001 - re-done below to say exactly what is wrong
@@ -537,12 +584,21 @@ def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
     try:
         value: T = _explainer.structure(data, cls)
     except Exception as exc:
-        details = cattrs.transform_error(exc, path=name)
+        details = cattrs.transform_error(exc, path=name, format_exception=_explain)
         raise CheckpointSerializationError(
             f"This data is not a valid {name}: " + "; ".join(details),
             path=_first_path(details),
         ) from exc
     return value  # pragma: no cover - the fast converter accepts what this accepts
+
+
+def _explain(exc: BaseException, type_: Any) -> str:
+    """One problem, in words: our hooks' and validators' own messages where they have one."""
+    if isinstance(exc, AttributeError) and not isinstance(exc, RunletError):
+        return "expected a JSON object"
+    if isinstance(exc, (KeyError, cattrs.ForbiddenExtraKeysError)) or not str(exc):
+        return cattrs.v.format_exception(exc, type_)
+    return str(exc)
 
 
 def _first_path(details: list[str]) -> str | None:

@@ -13,9 +13,21 @@ from runlet import (
     HumanOption,
     HumanRequest,
     HumanRequestKind,
+    HumanResponse,
+    Interrupted,
     Message,
+    MessageCompleted,
+    PendingRequest,
+    ReasoningDelta,
     ReasoningPart,
+    RunFinished,
+    RunResult,
+    StreamEvent,
+    TextDelta,
     ToolCall,
+    ToolCallDelta,
+    ToolCallFinished,
+    ToolCallStarted,
     ToolResult,
     Usage,
 )
@@ -23,15 +35,23 @@ from runlet import (
 __all__ = [
     "checkpoints",
     "decisions",
+    "event_strategies",
     "human_options",
+    "human_requests",
+    "human_responses",
     "json_objects",
     "json_values",
     "messages",
     "not_json",
     "reasoning_parts",
+    "pending_requests",
+    "run_results",
+    "stream_events",
     "times",
     "tool_calls",
+    "tool_results",
     "transcripts",
+    "usages",
 ]
 
 texts = st.text(max_size=20)
@@ -182,3 +202,79 @@ def checkpoints(
         ),
         turns=draw(_counts),
     )
+
+
+usages = st.builds(Usage, _counts, _counts, _counts)
+
+human_requests: st.SearchStrategy[HumanRequest] = st.builds(
+    HumanRequest,
+    ids,
+    st.sampled_from(_KINDS),
+    texts,
+    human_options,
+    tool_call=tool_calls,
+    created_at=times,
+    expires_at=st.none() | times,
+    outcome_unknown=st.booleans(),
+)
+"""Requests of every kind, with arbitrary times and tool calls."""
+
+_who = {"responded_by": st.none() | texts, "metadata": st.none() | json_objects}
+
+human_responses: st.SearchStrategy[HumanResponse] = st.one_of(
+    st.builds(HumanResponse, ids, st.just("approve"), st.none(), st.none() | json_objects, **_who),
+    st.builds(HumanResponse, ids, st.just("reject"), st.none() | texts, **_who),
+    st.builds(HumanResponse, ids, st.sampled_from(["select", "submit"]), texts, **_who),
+)
+"""Every valid shape of response: approve (edited or not), reject (with or without a
+reason), select and submit, each with or without responder and metadata."""
+
+pending_requests: st.SearchStrategy[PendingRequest] = st.builds(
+    PendingRequest,
+    ids,
+    ids,
+    texts,
+    human_requests,
+    json_objects,
+    times,
+    st.lists(human_requests, max_size=2).map(tuple),
+)
+
+
+@st.composite
+def run_results(draw: st.DrawFn) -> RunResult:
+    """Completed and interrupted results, with transcripts, usage and decisions."""
+    common: dict[str, Any] = {
+        "transcript": draw(transcripts),
+        "usage": draw(usages),
+        "run_id": draw(ids),
+        "decisions": tuple(draw(st.lists(decisions, max_size=2))),
+    }
+    if draw(st.booleans()):
+        return RunResult(status="completed", output=draw(texts), **common)
+    pending = tuple(draw(st.lists(human_requests, min_size=1, max_size=3)))
+    return RunResult(
+        status="interrupted",
+        interruption=pending[0],
+        checkpoint_id=draw(ids),
+        pending_requests=pending,
+        **common,
+    )
+
+
+event_strategies: dict[type[Any], st.SearchStrategy[Any]] = {
+    TextDelta: st.builds(TextDelta, texts),
+    ReasoningDelta: st.builds(ReasoningDelta, texts),
+    ToolCallDelta: st.builds(
+        ToolCallDelta, st.integers(0, 64), st.none() | ids, st.none() | ids, st.text(max_size=20)
+    ),
+    MessageCompleted: st.builds(MessageCompleted, messages),
+    ToolCallStarted: st.builds(ToolCallStarted, tool_calls),
+    ToolCallFinished: st.builds(ToolCallFinished, tool_calls, tool_results),
+    Interrupted: st.builds(Interrupted, human_requests, ids),
+    RunFinished: st.builds(RunFinished, run_results()),
+}
+"""One strategy per member of :data:`runlet.StreamEvent` (a test checks none is missing)."""
+
+stream_events: st.SearchStrategy[StreamEvent] = st.one_of(*event_strategies.values())
+"""Any stream event."""

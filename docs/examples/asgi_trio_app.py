@@ -1,0 +1,219 @@
+"""Approvals over HTTP as a plain ASGI application, served by hypercorn's trio worker.
+
+No web framework: the application reads ASGI messages and sends them. Runlet runs on
+trio here without a line of trio in this file (anyio does the work).
+
+Run it (from the repository root; ``pip install "runlet[examples]"``)::
+
+    RUNLET_EXAMPLE_DIR=/tmp/refunds PYTHONPATH=docs/examples \\
+        hypercorn --worker-class trio --bind 127.0.0.1:8001 asgi_trio_app:app
+
+It serves the same endpoints as ``fastapi_app.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import sniffio
+from refund_agent import agent, error_body, http_status, open_store, server_sent_event
+
+from runlet import (
+    DurableCheckpointStore,
+    HumanResponse,
+    RunletError,
+    RunStream,
+    Runtime,
+    structure,
+    unstructure,
+    unstructure_event,
+)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+class HTTPError(Exception):
+    """A request this application refuses before Runlet sees it."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+class App:
+    """The ASGI application: ``app(scope, receive, send)``."""
+
+    def __init__(self) -> None:
+        self.runtime: Runtime | None = None
+        self.store: DurableCheckpointStore | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+        elif scope["type"] == "http":
+            try:
+                await self.route(scope, receive, send)
+            except RunletError as error:
+                await send_json(send, error_body(error), http_status(error))
+            except HTTPError as error:
+                await send_json(send, {"type": "error", "detail": str(error)}, error.status)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        async with open_store() as store:
+            self.store, self.runtime = store, Runtime(checkpoint_store=store)
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown: the server is stopping
+            self.store = self.runtime = None
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime, store = self.runtime, self.store
+        if runtime is None or store is None:
+            raise HTTPError(503, "The server is starting or stopping; try again.")
+        query = {
+            key: values[-1] for key, values in parse_qs(scope["query_string"].decode()).items()
+        }
+        match scope["method"], scope["path"].strip("/").split("/"):
+            case "GET", ["health"]:
+                await send_json(
+                    send, {"status": "ok", "async_library": sniffio.current_async_library()}
+                )
+            case "POST", ["runs"]:
+                text, metadata = await read_start(receive)
+                result = await runtime.run(agent, text, metadata=metadata)
+                await send_json(send, unstructure(result))
+            case "POST", ["runs", "stream"]:
+                text, metadata = await read_start(receive)
+                await send_events(send, receive, runtime.stream(agent, text, metadata=metadata))
+            case "GET", ["pending"]:
+                limit, after = read_page(query)
+                pending = await store.list_pending(limit=limit, after=after, agent_name=agent.name)
+                next_page = pending[-1].checkpoint_id if len(pending) == limit else None
+                await send_json(
+                    send, {"pending": [unstructure(p) for p in pending], "next": next_page}
+                )
+            case "POST", ["checkpoints", checkpoint_id, "responses"]:
+                responses = await read_responses(receive)
+                result = await runtime.resume(
+                    agent, checkpoint_id=checkpoint_id, responses=responses
+                )
+                await send_json(send, unstructure(result))
+            case "POST", ["checkpoints", checkpoint_id, "responses", "stream"]:
+                responses = await read_responses(receive)
+                stream = runtime.stream_resume(
+                    agent, checkpoint_id=checkpoint_id, responses=responses
+                )
+                await send_events(send, receive, stream)
+            case "POST", ["checkpoints", checkpoint_id, "cancel"]:
+                await runtime.cancel(checkpoint_id)
+                await send_json(send, {"checkpoint_id": checkpoint_id, "status": "cancelled"})
+            case "GET", ["runs", run_id, "decisions"]:
+                found = await store.decisions(run_id)
+                await send_json(send, {"decisions": [unstructure(d) for d in found]})
+            case _:
+                raise HTTPError(404, f"No endpoint {scope['method']} {scope['path']}.")
+
+
+async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
+    """Relay a run's stream as server-sent events, and stop the run if the client goes
+    away. An error before the first event is raised (to ``App.__call__``, which answers
+    with its status) instead of starting a stream."""
+    refused: RunletError | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(cancel_when_gone, receive, group.cancel_scope)
+        refused = await relay(send, stream)
+        group.cancel_scope.cancel()  # done: stop watching
+    if refused is not None:
+        raise refused
+
+
+async def relay(send: Send, stream: RunStream) -> RunletError | None:
+    """Send each event from inside the stream's `async with` block: nothing is yielded,
+    so the block is always left here, in this task. The response head waits for the
+    first event; an error before it is returned, one after it becomes an error event."""
+    started = False
+    async with stream:
+        try:
+            async for event in stream:
+                if not started:
+                    await send({"type": "http.response.start", "status": 200, "headers": SSE})
+                    started = True
+                body = server_sent_event(unstructure_event(event))
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except RunletError as error:
+            if not started:
+                return error
+            body = server_sent_event(error_body(error))
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+    if not started:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return None
+
+
+async def cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel *scope* (and so the run) when the client disconnects."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def send_json(send: Send, data: Any, status: int = 200) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": json.dumps(data).encode()})
+
+
+async def read_json(receive: Receive) -> dict[str, Any]:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise HTTPError(400, "The request body is not JSON.") from None
+    if not isinstance(data, dict):
+        raise HTTPError(422, "The request body must be a JSON object.")
+    return data
+
+
+def read_page(query: dict[str, str]) -> tuple[int, str | None]:
+    limit = query.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise HTTPError(422, "limit must be a whole number from 1 to 100.")
+    return int(limit), query.get("after")
+
+
+async def read_start(receive: Receive) -> tuple[str, dict[str, Any]]:
+    data = await read_json(receive)
+    text, metadata = data.get("input"), data.get("metadata", {})
+    if not isinstance(text, str) or not isinstance(metadata, dict):
+        raise HTTPError(422, 'Start a run with {"input": "...", "metadata": {...}}.')
+    return text, metadata
+
+
+async def read_responses(receive: Receive) -> list[HumanResponse]:
+    items = (await read_json(receive)).get("responses")
+    if not isinstance(items, list):
+        raise HTTPError(422, 'Answer with {"responses": [{"request_id": ..., "action": ...}]}.')
+    # Bad data raises CheckpointSerializationError (422) naming the field.
+    return [structure(item, HumanResponse) for item in items]
+
+
+app = App()
