@@ -306,12 +306,9 @@ class SQLStore:
                 for _ in range(_CLAIM_ATTEMPTS):
                     row = conn.execute(self._sql.claim, params).fetchone()
                     if row is not None:
-                        records = conn.execute(self._sql.records, params).fetchall()
-                        break
+                        return self._claimed(conn, row[0], params)
                     self._refuse(conn, checkpoint_id, cancelling=False)
-                else:  # pragma: no cover - needs five lost races in a row
-                    raise _claimed(checkpoint_id)
-            return Claim(checkpoint=_checkpoint(row[0]), token=token, records=_records(records))
+            raise _claimed(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         try:
             claim = await self._run(work)
@@ -505,6 +502,18 @@ class SQLStore:
             return purged
 
         return await self._run(work)
+
+    def _claimed(self, conn: Connection, data: str, params: dict[str, Any]) -> Claim:
+        """The claim just taken, with its records; if reading them fails, the claim is
+        given back (on PostgreSQL the claim is already committed)."""
+        try:
+            records = conn.execute(self._sql.records, params).fetchall()
+            return Claim(
+                checkpoint=_checkpoint(data), token=params["token"], records=_records(records)
+            )
+        except BaseException:
+            conn.execute(self._sql.release, params)
+            raise
 
     def _refuse(self, conn: Connection, checkpoint_id: str, *, cancelling: bool) -> None:
         """Raise why a conditional claim or cancel changed nothing; return if the row is
