@@ -29,7 +29,6 @@ import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
-from .. import _store
 from .._checkpoint import (
     Checkpoint,
     structure,
@@ -66,11 +65,6 @@ Connection = Any
 
 T = TypeVar("T")
 S = TypeVar("S", bound="SQLStore")
-
-# Workaround: runlet/__init__.py sets Resolution.__module__ to "runlet", where the name
-# `datetime` of its annotations is not defined, so cattrs could not resolve its field
-# types lazily. Resolve them here, against the module that defines the class.
-attrs.resolve_types(Resolution, globalns=vars(_store))
 
 # A claim that a concurrent writer changed between the conditional UPDATE and the SELECT
 # that explains its failure (PostgreSQL, READ COMMITTED) is tried again this many times.
