@@ -13,7 +13,12 @@ from _postgres import fresh_schema, postgres_store
 from _store_semantics import checkpoint, semantics_tests, sql_store_tests
 from conftest import BACKENDS
 
-from runlet import CheckpointClaimedError, ConfigurationError, StoreSchemaError
+from runlet import (
+    CheckpointClaimedError,
+    CheckpointSerializationError,
+    ConfigurationError,
+    StoreSchemaError,
+)
 
 psycopg = pytest.importorskip("psycopg")
 psycopg_pool = pytest.importorskip("psycopg_pool")
@@ -153,3 +158,15 @@ async def test_a_dropped_connection_is_replaced(check: bool) -> None:
             with pytest.raises(psycopg.OperationalError):
                 await store.get("cp_1")
         assert "pending" == (await store.get("cp_1")).status  # ... then it is replaced
+
+
+async def test_a_claim_whose_data_cannot_be_read_is_given_back() -> None:
+    conninfo = await schema()
+    async with PostgresCheckpointStore(conninfo) as store:
+        await store.save(checkpoint())
+        execute(conninfo, """UPDATE runlet_checkpoints SET data = '{"version": 99}'""")
+        with pytest.raises(CheckpointSerializationError, match="version 99"):
+            await store.claim("cp_1")
+        assert [("pending", None)] == execute(
+            conninfo, "SELECT status, token FROM runlet_checkpoints"
+        )

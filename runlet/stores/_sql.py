@@ -29,7 +29,6 @@ import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
-from .. import _store
 from .._checkpoint import (
     Checkpoint,
     structure,
@@ -66,11 +65,6 @@ Connection = Any
 
 T = TypeVar("T")
 S = TypeVar("S", bound="SQLStore")
-
-# Workaround: runlet/__init__.py sets Resolution.__module__ to "runlet", where the name
-# `datetime` of its annotations is not defined, so cattrs could not resolve its field
-# types lazily. Resolve them here, against the module that defines the class.
-attrs.resolve_types(Resolution, globalns=vars(_store))
 
 # A claim that a concurrent writer changed between the conditional UPDATE and the SELECT
 # that explains its failure (PostgreSQL, READ COMMITTED) is tried again this many times.
@@ -306,12 +300,9 @@ class SQLStore:
                 for _ in range(_CLAIM_ATTEMPTS):
                     row = conn.execute(self._sql.claim, params).fetchone()
                     if row is not None:
-                        records = conn.execute(self._sql.records, params).fetchall()
-                        break
+                        return self._claimed(conn, row[0], params)
                     self._refuse(conn, checkpoint_id, cancelling=False)
-                else:  # pragma: no cover - needs five lost races in a row
-                    raise _claimed(checkpoint_id)
-            return Claim(checkpoint=_checkpoint(row[0]), token=token, records=_records(records))
+            raise _claimed(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         try:
             claim = await self._run(work)
@@ -505,6 +496,18 @@ class SQLStore:
             return purged
 
         return await self._run(work)
+
+    def _claimed(self, conn: Connection, data: str, params: dict[str, Any]) -> Claim:
+        """The claim just taken, with its records; if reading them fails, the claim is
+        given back (on PostgreSQL the claim is already committed)."""
+        try:
+            records = conn.execute(self._sql.records, params).fetchall()
+            return Claim(
+                checkpoint=_checkpoint(data), token=params["token"], records=_records(records)
+            )
+        except BaseException:
+            conn.execute(self._sql.release, params)
+            raise
 
     def _refuse(self, conn: Connection, checkpoint_id: str, *, cancelling: bool) -> None:
         """Raise why a conditional claim or cancel changed nothing; return if the row is
