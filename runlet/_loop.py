@@ -96,7 +96,7 @@ class RunState:
         self.emit = emit
         self.decisions = decisions
         # A resume saves its next checkpoint itself, atomically with resolving the one it
-        # was given: then settle() parks the checkpoint here (a list) instead of saving it.
+        # was given: then interrupt() parks the checkpoint here (a list) instead of saving it.
         self.deferred: list[Checkpoint] | None = None
         self.trace: RunTrace | None = None  # set by _tracing when the run is traced
 
@@ -150,9 +150,13 @@ class Loop:
                     decisions=run.decisions,
                 )
             results, pending = await self._handle(run, message.tool_calls)
-            interrupted = await self.settle(run, results, pending)
-            if interrupted is not None:
-                return interrupted
+            if pending:
+                return await self.stop_for(run, results, pending)
+            calls = message.tool_calls
+            if len(calls) == 1:  # the common case, inline: this is the per-turn path
+                run.transcript.append(Message.tool(results[calls[0].id]))
+            else:
+                append_results(run, results)
 
     async def _handle(
         self, run: RunState, calls: tuple[ToolCall, ...]
@@ -210,14 +214,10 @@ class Loop:
                     group.start_soon(_run_into, results, run, call, tool)
         return results, pending
 
-    async def settle(
+    async def stop_for(
         self, run: RunState, results: dict[str, ToolResult], pending: Sequence[ToolCall]
-    ) -> RunResult | None:
-        """Interrupt for the pending calls, or, when none is left, append one tool message
-        per call of the last assistant message, in call order."""
-        if not pending:
-            append_results(run, results)
-            return None
+    ) -> RunResult:
+        """Interrupt for the pending calls, with a new request for each."""
         if self.store is None:  # pragma: no cover - _handle and resume check this first
             raise CheckpointStoreRequiredError("This Runtime has no checkpoint store.")
         now = self.clock()
@@ -256,7 +256,7 @@ class Loop:
         if run.deferred is not None:
             run.deferred.append(checkpoint)
         else:
-            await self.store.save(checkpoint)  # type: ignore[union-attr]  # settle checks
+            await self.store.save(checkpoint)  # type: ignore[union-attr]  # stop_for checks
             if run.emit is not None:
                 await run.emit(Interrupted(checkpoint.request, checkpoint.id))
         return interrupted_result(checkpoint)
@@ -306,11 +306,20 @@ async def run_tool(
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
+    # tool_context(), inlined: this is the per-call hot path.
+    context = ToolContext(
+        run.run_id,
+        call.id,
+        run.agent.name,
+        run.context_metadata,
+        call.name,
+        idempotency_key=f"{run.run_id}/{run.turns}/{call.id}",
+    )
     trace = run.trace
     if trace is None:
-        content, is_error = await tool._invoke(arguments, tool_context(run, call))
+        content, is_error = await tool._invoke(arguments, context)
     else:
-        content, is_error = await trace.tool(tool, call, arguments, tool_context(run, call))
+        content, is_error = await trace.tool(tool, call, arguments, context)
     result = ToolResult(call.id, content, is_error)
     if emit is not None:
         await emit(ToolCallFinished(call, result))
@@ -325,7 +334,7 @@ async def _run_into(
 
 def _check_call(call: ToolCall, tool: ToolSpec) -> str | None:
     problem = tool._check_arguments(call.arguments)
-    if problem is None and is_ask_human(tool):
+    if problem is None and tool._gate is True and is_ask_human(tool):
         problem = check_ask_human(call.arguments)
     if problem is None:
         return None

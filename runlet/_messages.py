@@ -104,14 +104,6 @@ def _check_role(_: object, __: attrs.Attribute[str], value: str) -> None:
         )
 
 
-def _as_tuple(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
-    return calls if type(calls) is tuple else tuple(calls)
-
-
-def _reasoning_tuple(parts: Sequence[ReasoningPart]) -> tuple[ReasoningPart, ...]:
-    return parts if type(parts) is tuple else tuple(parts)
-
-
 @attrs.frozen
 class Message:
     """One message of a transcript.
@@ -132,13 +124,20 @@ class Message:
         ConfigurationError: *role* is not one of the four roles.
     """
 
-    role: Role = attrs.field(validator=_check_role)
+    role: Role
     content: str
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_as_tuple)
+    tool_calls: tuple[ToolCall, ...] = ()
     tool_result: ToolResult | None = None
-    reasoning: tuple[ReasoningPart, ...] = attrs.field(
-        default=(), converter=_reasoning_tuple, kw_only=True
-    )
+    reasoning: tuple[ReasoningPart, ...] = attrs.field(default=(), kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        # One check instead of a validator and two converters: every turn builds messages.
+        if self.role not in _ROLES:
+            _check_role(self, None, self.role)  # type: ignore[arg-type]
+        if type(self.tool_calls) is not tuple:
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if type(self.reasoning) is not tuple:
+            object.__setattr__(self, "reasoning", tuple(self.reasoning))
 
     @classmethod
     def system(cls, text: str) -> Message:
@@ -160,7 +159,7 @@ class Message:
     ) -> Message:
         """An assistant message, optionally asking for tool calls, optionally with the
         model's reasoning."""
-        return cls("assistant", text, tool_calls, reasoning=reasoning)
+        return cls("assistant", text, tuple(tool_calls), reasoning=tuple(reasoning))
 
     @classmethod
     def tool(cls, result: ToolResult) -> Message:
