@@ -1156,3 +1156,38 @@ async def test_a_resumed_run_gets_read_only_options() -> None:
 
     assert ["refused"] == seen
     assert {"temperature": 0.1} == (await elsewhere.load(cp(first))).options
+
+
+async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpoint() -> None:
+    class SlowPlain:
+        """A three-method store whose delete really waits."""
+
+        def __init__(self) -> None:
+            self.rows: dict[str, Checkpoint] = {}
+            self.deleting = anyio.Event()
+            self.go = anyio.Event()
+
+        async def save(self, checkpoint: Checkpoint) -> None:
+            self.rows[checkpoint.id] = checkpoint
+
+        async def load(self, checkpoint_id: str) -> Checkpoint:
+            return self.rows[checkpoint_id]
+
+        async def delete(self, checkpoint_id: str) -> None:
+            self.deleting.set()
+            await self.go.wait()
+            self.rows.pop(checkpoint_id, None)
+
+    store = SlowPlain()
+    rt, agent, _, _, first = await refund_run(store=store, script=["Done."])
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+        group.start_soon(attempt)
+        await store.deleting.wait()
+        group.cancel_scope.cancel()  # lands inside the shielded delete
+        store.go.set()
+
+    assert {} == store.rows
