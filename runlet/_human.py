@@ -293,7 +293,7 @@ _ASK_HUMAN_SCHEMA: dict[str, Any] = {
 }
 
 
-def ask_human(*, expires_after: float | None = None) -> ToolSpec:
+def ask_human(expires_after: float | None = None) -> ToolSpec:
     """The built-in ``ask_human`` tool: lets the model stop the run to ask a person.
 
     The model calls it with ``kind="choice"``, a ``prompt`` and ``options`` (objects with
