@@ -173,7 +173,8 @@ class CheckpointStore(Protocol):
         """Return the checkpoint with this id.
 
         Raises:
-            CheckpointNotFoundError: There is none.
+            CheckpointNotFoundError: There is none (a durable store also raises it for a
+                checkpoint a resume finished with: it is retired).
         """
         ...
 
@@ -397,15 +398,18 @@ class InMemoryCheckpointStore:
         self._put(checkpoint)
 
     async def load(self, checkpoint_id: str) -> Checkpoint:
-        """Return the checkpoint, whatever its state.
+        """Return the checkpoint while it waits for an answer (pending or claimed).
 
         Raises:
-            CheckpointNotFoundError: There is none with this id.
+            CheckpointNotFoundError: There is none with this id, or a resume finished with
+                it (it is retired; :meth:`get` still shows it with its outcome).
             CheckpointCancelledError: It was cancelled.
         """
         entry = self._entry(checkpoint_id)
         if entry.status == "cancelled":
             raise cancelled_error(checkpoint_id)
+        if entry.status == "resolved":
+            raise retired_error(checkpoint_id)
         return entry.checkpoint
 
     async def delete(self, checkpoint_id: str) -> None:
@@ -565,6 +569,16 @@ def not_found(checkpoint_id: str) -> CheckpointNotFoundError:
     return CheckpointNotFoundError(
         f"No checkpoint {checkpoint_id!r}: it was never saved in this store, or it was "
         "deleted. Use the checkpoint_id of the latest interruption.",
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def retired_error(checkpoint_id: str) -> CheckpointNotFoundError:
+    """The error for loading a checkpoint a resume already finished with."""
+    return CheckpointNotFoundError(
+        f"Checkpoint {checkpoint_id!r} is retired: a resume already finished with it. "
+        "Resuming it again with the same response returns the stored result; the run goes "
+        "on at the checkpoint of its latest interruption, if any.",
         checkpoint_id=checkpoint_id,
     )
 

@@ -1155,7 +1155,7 @@ async def test_a_resumed_run_gets_read_only_options() -> None:
     )
 
     assert ["refused"] == seen
-    assert {"temperature": 0.1} == (await elsewhere.load(cp(first))).options
+    assert {"temperature": 0.1} == (await elsewhere.get(cp(first))).checkpoint.options
 
 
 async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpoint() -> None:

@@ -52,6 +52,7 @@ from .._store import (
     new_token,
     not_found,
     resolved_error,
+    retired_error,
 )
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
@@ -228,10 +229,11 @@ class SQLStore:
         await self._run(work)
 
     async def load(self, checkpoint_id: str) -> Checkpoint:
-        """Return the checkpoint, whatever its state.
+        """Return the checkpoint while it waits for an answer (pending or claimed).
 
         Raises:
-            ~runlet.CheckpointNotFoundError: There is none with this id.
+            ~runlet.CheckpointNotFoundError: There is none with this id, or a resume
+                finished with it (it is retired; :meth:`get` still shows it).
             ~runlet.CheckpointCancelledError: It was cancelled.
         """
 
@@ -242,6 +244,8 @@ class SQLStore:
                 raise not_found(checkpoint_id)
             if row[0] == "cancelled":
                 raise cancelled_error(checkpoint_id)
+            if row[0] == "resolved":
+                raise retired_error(checkpoint_id)
             return _checkpoint(row[1])
 
         return await self._run(work)

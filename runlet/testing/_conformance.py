@@ -320,6 +320,9 @@ def store_conformance_tests(
 
             stored = await store.get("cp_1")
             assert ("resolved", resolution) == (stored.status, stored.resolution)
+            with pytest.raises(CheckpointNotFoundError) as retired:
+                await store.load("cp_1")  # retired: get() still shows it
+            assert not isinstance(retired.value, CheckpointCancelledError)
             assert follow_up == await store.load("cp_2")
             assert (await store.get("cp_2")).status == "pending"
             with pytest.raises(CheckpointResolvedError) as info:
