@@ -128,6 +128,7 @@ async def _resume(
         return _repeat(checkpoint_id, stored.resolution, responses)
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses)
+    _refuse_conflicts(checkpoint, answers, stored.records)
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
 
@@ -313,8 +314,31 @@ def _decision(
     )
 
 
-def _same(recorded: Decision, given: Decision) -> bool:
-    return attrs.evolve(given, decided_at=recorded.decided_at) == recorded
+def _check_same(
+    checkpoint: Checkpoint, request: HumanRequest, recorded: Decision, given: Decision
+) -> None:
+    """The first accepted answer is final: refuse a different one."""
+    if attrs.evolve(given, decided_at=recorded.decided_at) != recorded:
+        raise HumanResponseConflictError(
+            f"Request {request.id!r} was already answered with {recorded.action!r} (by "
+            f"{recorded.responded_by or 'an earlier resume'}); the first accepted answer is "
+            "final. Resume with that same response to continue.",
+            checkpoint_id=checkpoint.id,
+        )
+
+
+def _refuse_conflicts(
+    checkpoint: Checkpoint, answers: Mapping[str, Decision], records: Sequence[CallRecord]
+) -> None:
+    """Before claiming: an answer that contradicts a recorded one is refused at once, so
+    it never holds the checkpoint away from a right one."""
+    if not records or all(answer.action == "expire" for answer in answers.values()):
+        return
+    known = {record.tool_call_id: record.decision for record in records}
+    for request in checkpoint.open_requests:
+        call_id = request.tool_call.id
+        if call_id in known and call_id in answers:
+            _check_same(checkpoint, request, known[call_id], answers[call_id])
 
 
 async def _continue(
@@ -341,13 +365,8 @@ async def _continue(
         known = earlier.get(call_id)
         answer = answers.get(call_id)
         if known is not None:
-            if answer is not None and not expiring and not _same(known.decision, answer):
-                raise HumanResponseConflictError(
-                    f"Request {request.id!r} was already answered with {known.decision.action!r}"
-                    f" (by {known.decision.responded_by or 'an earlier resume'}); the first "
-                    "accepted answer is final. Resume with that same response to continue.",
-                    checkpoint_id=checkpoint.id,
-                )
+            if answer is not None and not expiring:
+                _check_same(checkpoint, request, known.decision, answer)
             decided[call_id] = known.decision
             if known.result is not None:
                 results[call_id] = known.result

@@ -1191,3 +1191,30 @@ async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpo
         store.go.set()
 
     assert {} == store.rows
+
+
+async def test_a_contradicting_answer_is_refused_before_it_claims_anything() -> None:
+    claims: list[str] = []
+
+    class Counting(InMemoryCheckpointStore):
+        async def claim(self, checkpoint_id: str) -> runlet.Claim:
+            claims.append(checkpoint_id)
+            return await super().claim(checkpoint_id)
+
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, payments, _, first = await refund_run(store=Counting(), script=[down, "Done."])
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert 1 == len(claims)
+
+    with pytest.raises(HumanResponseConflictError):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=HumanResponse(approve(first).request_id, "reject"),
+        )
+
+    assert 1 == len(claims)  # refused from the records, without a claim
+    assert 1 == len(payments.attempts)
