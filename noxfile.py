@@ -76,7 +76,8 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=["3.10", "3.13"])
 def types(session: nox.Session) -> None:
     """mypy --strict on runlet/ (settings in pyproject.toml)."""
-    session.install("-e", ".[http,trio,postgres]", "mypy>=1.11")
+    # pytest: runlet.testing ships the store conformance suite, which builds pytest tests.
+    session.install("-e", ".[http,trio,postgres]", "mypy>=1.11", "pytest>=8.2")
     session.run("mypy", "runlet")
 
 

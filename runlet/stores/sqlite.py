@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Final
@@ -205,6 +206,7 @@ BEGIN: Final = "BEGIN"
 BEGIN_IMMEDIATE: Final = "BEGIN IMMEDIATE"
 COMMIT: Final = "COMMIT"
 ROLLBACK: Final = "ROLLBACK"
+JOURNAL_MODE: Final = "PRAGMA journal_mode"
 JOURNAL_MODE_WAL: Final = "PRAGMA journal_mode = WAL"
 SYNCHRONOUS_FULL: Final = "PRAGMA synchronous = FULL"
 
@@ -323,12 +325,31 @@ class SQLiteCheckpointStore(SQLStore):
             check_same_thread=False,
         )
         try:
-            conn.execute(JOURNAL_MODE_WAL)
+            self._use_wal(conn)
             conn.execute(SYNCHRONOUS_FULL)
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        # WAL is a property of the file, set once. Switching to it needs the database to
+        # itself, and SQLite answers "database is locked" at once (its busy handler does
+        # not cover this) when several processes open a new file together: retry, with
+        # backoff, for up to the busy timeout. This runs in a worker thread, never on the
+        # event loop.
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.005
+        while True:
+            try:
+                if conn.execute(JOURNAL_MODE).fetchone()[0].lower() != "wal":
+                    conn.execute(JOURNAL_MODE_WAL)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     def _disconnect(self) -> None:
         with self._idle_lock:
