@@ -99,6 +99,9 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
     *_outer* maps the ids of the containers that hold *value* to their paths, so a
     container that holds itself is reported instead of recursing without end.
     """
+    kind = type(value)
+    if kind in _PLAIN or ((kind is dict or kind is list or kind is tuple) and not value):
+        return  # the common cases first: exact scalars and empty containers
     if isinstance(value, _JSON_SCALARS):
         return
     if isinstance(value, float):
@@ -416,7 +419,146 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
             version=override(omit_if_default=False),
         ),
     )
+    if not detailed:
+        _register_checkpoint_paths(converter)
     return converter
+
+
+_REQUEST_KEYS = frozenset(
+    {"id", "kind", "prompt", "options", "tool_call", "created_at", "expires_at", "outcome_unknown"}
+)
+_KINDS = frozenset({"approval", "choice", "input"})
+_CHECKPOINT_KEYS = frozenset(attrs.fields_dict(Checkpoint))
+_NO_USAGE = Usage()
+
+
+def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
+    """Hand-written hooks for a checkpoint and its requests, on top of
+    :func:`_register_hot_paths`: the same data in and out as the generated hooks (the
+    golden files and the round-trip tests hold them to it), with fewer calls. Like those,
+    they raise on anything not exactly right and leave the explaining to the detailed
+    converter."""
+    call_in = converter.get_structure_hook(ToolCall)
+    call_out = converter.get_unstructure_hook(ToolCall)
+    messages_in = converter.get_structure_hook(tuple[Message, ...])
+    messages_out = converter.get_unstructure_hook(tuple[Message, ...])
+    calls_in = converter.get_structure_hook(tuple[ToolCall, ...])
+    calls_out = converter.get_unstructure_hook(tuple[ToolCall, ...])
+    results_in = converter.get_structure_hook(tuple[ToolResult, ...])
+    results_out = converter.get_unstructure_hook(tuple[ToolResult, ...])
+    options_in = converter.get_structure_hook(tuple[HumanOption, ...])
+    options_out = converter.get_unstructure_hook(tuple[HumanOption, ...])
+    decisions_in = converter.get_structure_hook(tuple[Decision, ...])
+    decisions_out = converter.get_unstructure_hook(tuple[Decision, ...])
+    usage_in = converter.get_structure_hook(Usage)
+    usage_out = converter.get_unstructure_hook(Usage)
+    json_out = converter.get_unstructure_hook(Mapping[str, Any])
+
+    def request_in(data: Any, _: Any = None) -> HumanRequest:
+        if type(data) is not dict or not data.keys() <= _REQUEST_KEYS:
+            raise TypeError("not a request")
+        id_, kind, prompt = data["id"], data["kind"], data["prompt"]
+        if type(id_) is not str or type(kind) is not str or type(prompt) is not str:
+            raise TypeError("not a request")
+        if kind not in _KINDS:
+            raise TypeError("not a request")
+        fields: dict[str, Any] = {"tool_call": call_in(data["tool_call"], ToolCall)}
+        if "created_at" in data:
+            fields["created_at"] = _structure_datetime(data["created_at"], datetime)
+        if "expires_at" in data:
+            expires = data["expires_at"]
+            fields["expires_at"] = (
+                None if expires is None else _structure_datetime(expires, datetime)
+            )
+        if "outcome_unknown" in data:
+            if type(data["outcome_unknown"]) is not bool:
+                raise TypeError("not a request")
+            fields["outcome_unknown"] = data["outcome_unknown"]
+        options = options_in(data["options"], None) if "options" in data else ()
+        return HumanRequest(id_, kind, prompt, options, **fields)  # type: ignore[arg-type]
+
+    def request_out(request: HumanRequest) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": request.id, "kind": request.kind, "prompt": request.prompt}
+        if request.options:
+            data["options"] = options_out(request.options)
+        data["tool_call"] = call_out(request.tool_call)
+        data["created_at"] = request.created_at.isoformat()
+        if request.expires_at is not None:
+            data["expires_at"] = request.expires_at.isoformat()
+        if request.outcome_unknown:
+            data["outcome_unknown"] = True
+        return data
+
+    def requests_in(data: Any) -> tuple[HumanRequest, ...]:
+        if type(data) is not list:
+            raise TypeError("not a list of requests")
+        return tuple([request_in(item) for item in data])
+
+    def checkpoint_in(data: Any, _: Any = None) -> Checkpoint:
+        if type(data) is not dict or not data.keys() <= _CHECKPOINT_KEYS:
+            raise TypeError("not a checkpoint")
+        id_, run_id, agent_name = data["id"], data["run_id"], data["agent_name"]
+        options, metadata = data["options"], data["metadata"]
+        if type(id_) is not str or type(run_id) is not str or type(agent_name) is not str:
+            raise TypeError("not a checkpoint")
+        if type(options) is not dict or type(metadata) is not dict:
+            raise TypeError("not a checkpoint")
+        fields: dict[str, Any] = {}
+        for name, number in (("version", data.get("version")), ("turns", data.get("turns"))):
+            if number is not None or name in data:
+                if type(number) is not int:
+                    raise TypeError("not a checkpoint")
+                fields[name] = number
+        if "results" in data:
+            fields["results"] = results_in(data["results"], None)
+        if "more_requests" in data:
+            fields["more_requests"] = requests_in(data["more_requests"])
+        if "decisions" in data:
+            fields["decisions"] = decisions_in(data["decisions"], None)
+        if "usage" in data:
+            fields["usage"] = usage_in(data["usage"], Usage)
+        return Checkpoint(
+            id=id_,
+            run_id=run_id,
+            agent_name=agent_name,
+            messages=messages_in(data["messages"], None),
+            options=options,
+            metadata=metadata,
+            transcript=messages_in(data["transcript"], None),
+            pending_tool_calls=calls_in(data["pending_tool_calls"], None),
+            request=request_in(data["request"]),
+            **fields,
+        )
+
+    def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": checkpoint.id,
+            "version": checkpoint.version,
+            "run_id": checkpoint.run_id,
+            "agent_name": checkpoint.agent_name,
+            "messages": messages_out(checkpoint.messages),
+            "options": json_out(checkpoint.options),
+            "metadata": json_out(checkpoint.metadata),
+            "transcript": messages_out(checkpoint.transcript),
+        }
+        if checkpoint.results:
+            data["results"] = results_out(checkpoint.results)
+        data["pending_tool_calls"] = calls_out(checkpoint.pending_tool_calls)
+        data["request"] = request_out(checkpoint.request)
+        if checkpoint.more_requests:
+            data["more_requests"] = [request_out(r) for r in checkpoint.more_requests]
+        if checkpoint.decisions:
+            data["decisions"] = decisions_out(checkpoint.decisions)
+        if checkpoint.usage != _NO_USAGE:
+            data["usage"] = usage_out(checkpoint.usage)
+        if checkpoint.turns:
+            data["turns"] = checkpoint.turns
+        return data
+
+    converter.register_structure_hook(HumanRequest, request_in)
+    converter.register_unstructure_hook(HumanRequest, request_out)
+    converter.register_structure_hook(Checkpoint, checkpoint_in)
+    converter.register_unstructure_hook(Checkpoint, checkpoint_out)
 
 
 # The fast converter does the work; the detailed one only runs to explain a failure.
