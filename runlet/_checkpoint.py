@@ -180,6 +180,11 @@ def check_integrity(checkpoint: Checkpoint) -> None:
     if known is not None and known() is checkpoint:
         return
     _check_integrity(checkpoint)
+    mark_verified(checkpoint)
+
+
+def mark_verified(checkpoint: Checkpoint) -> None:
+    """Note that *checkpoint* hangs together (the runtime builds its checkpoints so)."""
     if len(_verified) >= 4096:
         _verified.clear()
     _verified[id(checkpoint)] = weakref.ref(checkpoint)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._agent import Agent
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, mark_verified
 from ._errors import (
     CheckpointStoreRequiredError,
     MaxTurnsExceededError,
@@ -253,6 +253,7 @@ class Loop:
         )
         if run.trace is not None:
             run.trace.interrupted(checkpoint)
+        mark_verified(checkpoint)  # consistent by construction
         if run.deferred is not None:
             run.deferred.append(checkpoint)
         else:

@@ -355,12 +355,15 @@ async def _continue(
     """Steps 3-5: record the decisions, run the approved calls (recording each result),
     then interrupt for what is left or continue the run. Returns the result and this
     checkpoint's decisions in call order."""
-    earlier = {known.tool_call_id: known for known in records}
-    expiring = all(answer.action == "expire" for answer in answers.values())
+    # The common case (a first attempt, nothing answered beside it) skips the building.
+    earlier = {known.tool_call_id: known for known in records} if records else {}
+    expiring = bool(earlier) and all(answer.action == "expire" for answer in answers.values())
     decided: dict[str, Decision] = {}
-    results: dict[str, ToolResult] = {known.tool_call_id: known for known in checkpoint.results}
+    known_results = checkpoint.results
+    results = {known.tool_call_id: known for known in known_results} if known_results else {}
     fresh: list[CallRecord] = []
-    for request in checkpoint.open_requests:
+    open_requests = checkpoint.open_requests
+    for request in open_requests:
         call_id = request.tool_call.id
         known = earlier.get(call_id)
         answer = answers.get(call_id)
@@ -414,7 +417,7 @@ async def _continue(
     requests: list[HumanRequest] = []
     if unknown or len(decided) < len(checkpoint.pending_tool_calls):
         now = loop.clock()
-        for request in checkpoint.open_requests:
+        for request in open_requests:
             call_id = request.tool_call.id
             if call_id in unknown:
                 call = _approved_call(checkpoint, call_id, decided[call_id])
