@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -362,18 +363,30 @@ class InMemoryCheckpointStore:
 
     Checkpoints last only as long as the process: use it for tests, demos and
     single-process apps. Every operation completes without yielding to the event loop, so
-    each is atomic. Resolved and cancelled checkpoints are kept (so a repeated resume
-    returns the stored result) until :meth:`delete`.
+    each is atomic. Resolved and cancelled checkpoints are kept, so that a repeated resume
+    returns the stored result, up to *keep_finished* of them: beyond that the oldest are
+    forgotten, so a long-running process does not grow without bound.
 
     Args:
         lease: Seconds a claim lasts; ``None`` (the default) means until the resume that
             holds it finishes or fails, which is right within one process.
+        keep_finished: How many resolved or cancelled checkpoints to keep (with their
+            outcomes and records); ``None`` keeps them all.
+
+    Raises:
+        ConfigurationError: *lease* or *keep_finished* is unusable.
     """
 
-    def __init__(self, *, lease: float | None = None) -> None:
+    def __init__(self, *, lease: float | None = None, keep_finished: int | None = 10_000) -> None:
         check_lease(lease)
+        if keep_finished is not None and (type(keep_finished) is not int or keep_finished < 0):
+            raise ConfigurationError(
+                f"keep_finished must be a non-negative int or None, not {keep_finished!r}."
+            )
         self._lease = lease
+        self._keep = keep_finished
         self._entries: dict[str, _Entry] = {}
+        self._finished: deque[str] = deque()
         self._seq = 0
 
     @property
@@ -473,6 +486,7 @@ class InMemoryCheckpointStore:
         entry.status = "resolved"
         entry.token = None
         entry.resolution = resolution
+        self._finish(checkpoint_id)
         if next_checkpoint is not None:
             self._put(next_checkpoint)
 
@@ -494,8 +508,10 @@ class InMemoryCheckpointStore:
             )
         if entry.status == "resolved":
             _refuse_final(entry, checkpoint_id)
-        entry.status = "cancelled"
-        entry.token = None
+        if entry.status != "cancelled":
+            entry.status = "cancelled"
+            entry.token = None
+            self._finish(checkpoint_id)
 
     async def list_pending(
         self,
@@ -533,6 +549,17 @@ class InMemoryCheckpointStore:
         ]
         found.sort(key=lambda decision: decision.decided_at)
         return found
+
+    def _finish(self, checkpoint_id: str) -> None:
+        keep = self._keep
+        if keep is None:
+            return
+        finished = self._finished
+        finished.append(checkpoint_id)
+        while len(finished) > keep:
+            old = self._entries.get(finished.popleft())
+            if old is not None and old.status in ("resolved", "cancelled"):
+                del self._entries[old.checkpoint.id]
 
     def _put(self, checkpoint: Checkpoint) -> None:
         entry = self._entries.get(checkpoint.id)

@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 import runlet
+import runlet.testing._conformance
 from runlet import (
     Agent,
     Checkpoint,
@@ -118,6 +119,38 @@ class TestInMemoryCheckpointStore:
 
         assert newer == await store.load("cp_1")
         assert 1 == len(store)
+
+    async def test_only_the_latest_finished_checkpoints_are_kept(self) -> None:
+        store = InMemoryCheckpointStore(keep_finished=2)
+        for name in ("cp_1", "cp_2", "cp_3", "cp_4"):
+            await store.save(golden(name))
+        for name in ("cp_1", "cp_2"):
+            claim = await store.claim(name)
+            await store.release(name, claim.token)
+            await store.cancel(name)
+        await store.cancel("cp_2")  # cancelling twice does not count twice
+        claim = await store.claim("cp_3")
+        await store.resolve(
+            "cp_3", claim.token, runlet.testing._conformance.sample_resolution(golden("cp_3"))
+        )
+
+        with pytest.raises(CheckpointNotFoundError):
+            await store.get("cp_1")  # the oldest finished one is forgotten
+        assert "cancelled" == (await store.get("cp_2")).status
+        assert "resolved" == (await store.get("cp_3")).status
+        assert "pending" == (await store.get("cp_4")).status  # open ones are never dropped
+
+    async def test_keep_finished_none_keeps_everything(self) -> None:
+        store = InMemoryCheckpointStore(keep_finished=None)
+        for index in range(5):
+            await store.save(golden(f"cp_{index}"))
+            await store.cancel(f"cp_{index}")
+        assert ["cancelled"] * 5 == [(await store.get(f"cp_{i}")).status for i in range(5)]
+
+    @pytest.mark.parametrize("keep", [-1, 1.5, "10"])
+    def test_a_bad_keep_finished_is_refused(self, keep: object) -> None:
+        with pytest.raises(runlet.ConfigurationError, match="keep_finished"):
+            InMemoryCheckpointStore(keep_finished=keep)  # type: ignore[arg-type]
 
     async def test_list_pending_refuses_a_bad_limit_and_an_unknown_after(self) -> None:
         store = InMemoryCheckpointStore()
