@@ -307,15 +307,8 @@ async def run_tool(
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
-    # tool_context(), inlined: this is the per-call hot path.
-    context = ToolContext(
-        run.run_id,
-        call.id,
-        run.agent.name,
-        run.context_metadata,
-        call.name,
-        idempotency_key=f"{run.run_id}/{run.turns}/{call.id}",
-    )
+    # One place builds the context, so a policy and the handler see the same key.
+    context = tool_context(run, call)
     trace = run.trace
     if trace is None:
         content, is_error = await tool._invoke(arguments, context)
