@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -633,3 +634,13 @@ def test_a_non_json_value_anywhere_is_refused_with_its_path(
         unstructure_checkpoint(changed)
 
     assert f"{field}[{key!r}]{suffix}" == info.value.path
+
+
+def test_read_only_mappings_in_checkpoint_data_are_accepted() -> None:
+    # JSON gives dicts; data built in Python may hold other mappings. The fast hooks turn
+    # them down and the detailed converter reads them, with the same result.
+    data = json.loads(GOLDEN_V2.read_text())
+    expected = structure_checkpoint(data)
+    data["request"] = types.MappingProxyType(data["request"])
+
+    assert expected == structure_checkpoint(data)
