@@ -203,3 +203,51 @@ async def test_entering_cancelled_leaves_no_connection_open() -> None:
     assert [] == store._idle
     with pytest.raises(ConfigurationError, match="not open"):
         await store.get("cp_1")
+
+
+class _LockedAtFirst:
+    """A connection whose first answers to the journal-mode pragma are "database is
+    locked", as SQLite gives while other processes open a new file at the same time."""
+
+    def __init__(self, locked: int, error: str = "database is locked") -> None:
+        self.locked = locked
+        self.error = error
+        self.calls: list[str] = []
+
+    def execute(self, sql: str) -> Any:
+        self.calls.append(sql)
+        if len(self.calls) <= self.locked:
+            raise sqlite3.OperationalError(self.error)
+        return _Row(("delete",))
+
+
+class _Row:
+    def __init__(self, row: tuple[str, ...]) -> None:
+        self.row = row
+
+    def fetchone(self) -> tuple[str, ...]:
+        return self.row
+
+
+def test_switching_to_wal_is_retried_while_the_file_is_locked() -> None:
+    store = SQLiteCheckpointStore(":memory:", busy_timeout=5)
+    conn = _LockedAtFirst(locked=2)
+
+    store._use_wal(conn)  # type: ignore[arg-type]
+
+    # Two refusals, then the mode is read and switched.
+    assert ["PRAGMA journal_mode"] * 3 + ["PRAGMA journal_mode = WAL"] == conn.calls
+
+
+def test_switching_to_wal_gives_up_after_the_busy_timeout() -> None:
+    store = SQLiteCheckpointStore(":memory:", busy_timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        store._use_wal(_LockedAtFirst(locked=1))  # type: ignore[arg-type]
+
+
+def test_other_errors_while_switching_to_wal_are_not_retried() -> None:
+    store = SQLiteCheckpointStore(":memory:", busy_timeout=5)
+    conn = _LockedAtFirst(locked=1, error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        store._use_wal(conn)  # type: ignore[arg-type]
+    assert 1 == len(conn.calls)
