@@ -15,7 +15,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest
-from ._messages import Message, ReasoningPart, ToolCall, ToolResult, Usage
+from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 
 __all__ = [
@@ -77,7 +77,7 @@ class Checkpoint:
     request: HumanRequest
     more_requests: tuple[HumanRequest, ...] = ()
     decisions: tuple[Decision, ...] = ()
-    usage: Usage = Usage()
+    usage: Usage = ZERO_USAGE
     turns: int = 0
 
     @property
@@ -90,6 +90,7 @@ class Checkpoint:
 
 _JSON_SCALARS = (str, int, bool, type(None))
 _PLAIN = frozenset(_JSON_SCALARS)
+_CONTAINERS = frozenset({dict, list, tuple, MappingProxyType})
 
 
 def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) -> None:
@@ -100,7 +101,7 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
     container that holds itself is reported instead of recursing without end.
     """
     kind = type(value)
-    if kind in _PLAIN or ((kind is dict or kind is list or kind is tuple) and not value):
+    if kind in _PLAIN or (kind in _CONTAINERS and not value):
         return  # the common cases first: exact scalars and empty containers
     if isinstance(value, _JSON_SCALARS):
         return
@@ -152,12 +153,20 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
 def _check_checkpoint(checkpoint: Checkpoint) -> None:
     _check_json(checkpoint.metadata, "metadata")
     _check_json(checkpoint.options, "options")
+    # The same arguments object is often in several places (a run's checkpoint shares
+    # its message and call objects between messages, transcript and pending calls):
+    # check each once, at the first place it appears.
+    checked: set[int] = set()
     for name in ("transcript", "messages"):
         for index, message in enumerate(getattr(checkpoint, name)):
             for number, call in enumerate(message.tool_calls):
-                _check_json(call.arguments, f"{name}[{index}].tool_calls[{number}].arguments")
+                arguments = call.arguments
+                if id(arguments) not in checked:
+                    checked.add(id(arguments))
+                    _check_json(arguments, f"{name}[{index}].tool_calls[{number}].arguments")
     for index, call in enumerate(checkpoint.pending_tool_calls):
-        _check_json(call.arguments, f"pending_tool_calls[{index}].arguments")
+        if id(call.arguments) not in checked:
+            _check_json(call.arguments, f"pending_tool_calls[{index}].arguments")
     for index, decision in enumerate(checkpoint.decisions):
         _check_json(decision.arguments, f"decisions[{index}].arguments")
         _check_json(decision.metadata, f"decisions[{index}].metadata")
@@ -216,7 +225,7 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
         if call.id in seen:
             _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
         seen.add(call.id)
-        if request.tool_call != call:
+        if request.tool_call is not call and request.tool_call != call:
             name = "request" if index == 0 else f"more_requests[{index - 1}]"
             _broken(
                 f"{name}.tool_call",
@@ -434,7 +443,7 @@ _REQUEST_KEYS = frozenset(
 )
 _KINDS = frozenset({"approval", "choice", "input"})
 _CHECKPOINT_KEYS = frozenset(attrs.fields_dict(Checkpoint))
-_NO_USAGE = Usage()
+_NO_USAGE = ZERO_USAGE
 
 
 def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
@@ -447,7 +456,6 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
     call_out = converter.get_unstructure_hook(ToolCall)
     messages_in = converter.get_structure_hook(tuple[Message, ...])
     messages_out = converter.get_unstructure_hook(tuple[Message, ...])
-    calls_in = converter.get_structure_hook(tuple[ToolCall, ...])
     calls_out = converter.get_unstructure_hook(tuple[ToolCall, ...])
     results_in = converter.get_structure_hook(tuple[ToolResult, ...])
     results_out = converter.get_unstructure_hook(tuple[ToolResult, ...])
@@ -459,7 +467,24 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
     usage_out = converter.get_unstructure_hook(Usage)
     json_out = converter.get_unstructure_hook(Mapping[str, Any])
 
-    def request_in(data: Any, _: Any = None) -> HumanRequest:
+    def shared_calls(raw: Any, raw_known: list[Any], known: tuple[ToolCall, ...]) -> Any:
+        """Structure the calls in *raw*, reusing the object in *known* for a call whose
+        data equals its data in *raw_known* (what *known* was structured from): a
+        checkpoint holds each pending call up to three times, as the same object."""
+        if type(raw) is not list:
+            raise TypeError("not a list of tool calls")
+        return tuple([share_call(item, raw_known, known) for item in raw])
+
+    def share_call(item: Any, raw_known: list[Any], known: tuple[ToolCall, ...]) -> ToolCall:
+        for raw, call in zip(raw_known, known, strict=True):
+            if raw == item:
+                return call
+        made: ToolCall = call_in(item, ToolCall)
+        return made
+
+    def request_in(
+        data: Any, raw_known: list[Any] | None = None, known: tuple[ToolCall, ...] = ()
+    ) -> HumanRequest:
         if type(data) is not dict or not data.keys() <= _REQUEST_KEYS:
             raise TypeError("not a request")
         id_, kind, prompt = data["id"], data["kind"], data["prompt"]
@@ -467,7 +492,12 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             raise TypeError("not a request")
         if kind not in _KINDS:
             raise TypeError("not a request")
-        fields: dict[str, Any] = {"tool_call": call_in(data["tool_call"], ToolCall)}
+        raw_call = data["tool_call"]
+        if raw_known is None:
+            call = call_in(raw_call, ToolCall)
+        else:
+            call = share_call(raw_call, raw_known, known)
+        fields: dict[str, Any] = {"tool_call": call}
         if "created_at" in data:
             fields["created_at"] = _structure_datetime(data["created_at"], datetime)
         if "expires_at" in data:
@@ -494,10 +524,12 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             data["outcome_unknown"] = True
         return data
 
-    def requests_in(data: Any) -> tuple[HumanRequest, ...]:
+    def requests_in(
+        data: Any, raw_known: list[Any], known: tuple[ToolCall, ...]
+    ) -> tuple[HumanRequest, ...]:
         if type(data) is not list:
             raise TypeError("not a list of requests")
-        return tuple([request_in(item) for item in data])
+        return tuple([request_in(item, raw_known, known) for item in data])
 
     def checkpoint_in(data: Any, _: Any = None) -> Checkpoint:
         if type(data) is not dict or not data.keys() <= _CHECKPOINT_KEYS:
@@ -516,22 +548,42 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
                 fields[name] = number
         if "results" in data:
             fields["results"] = results_in(data["results"], None)
-        if "more_requests" in data:
-            fields["more_requests"] = requests_in(data["more_requests"])
         if "decisions" in data:
             fields["decisions"] = decisions_in(data["decisions"], None)
         if "usage" in data:
             fields["usage"] = usage_in(data["usage"], Usage)
+        # The transcript starts with the messages the run was given, and the pending
+        # calls (and the requests' calls) are calls of its last message: equal data is
+        # structured once and shared, as it was in the checkpoint that was written.
+        raw_messages, raw_transcript = data["messages"], data["transcript"]
+        messages = messages_in(raw_messages, None)
+        count = len(messages)
+        if count and type(raw_transcript) is list and raw_transcript[:count] == raw_messages:
+            transcript = messages + messages_in(raw_transcript[count:], None)
+        else:
+            transcript = messages_in(raw_transcript, None)
+        raw_calls: list[Any] = []
+        made: tuple[ToolCall, ...] = ()
+        if transcript:
+            raw_calls = raw_transcript[-1].get("tool_calls") or []
+            made = transcript[-1].tool_calls
+        raw_pending = data["pending_tool_calls"]
+        if raw_pending == raw_calls and type(raw_pending) is list:
+            pending = made
+        else:
+            pending = shared_calls(raw_pending, raw_calls, made)
+        if "more_requests" in data:
+            fields["more_requests"] = requests_in(data["more_requests"], raw_pending, pending)
         return Checkpoint(
             id=id_,
             run_id=run_id,
             agent_name=agent_name,
-            messages=messages_in(data["messages"], None),
+            messages=messages,
             options=options,
             metadata=metadata,
-            transcript=messages_in(data["transcript"], None),
-            pending_tool_calls=calls_in(data["pending_tool_calls"], None),
-            request=request_in(data["request"]),
+            transcript=transcript,
+            pending_tool_calls=pending,
+            request=request_in(data["request"], raw_pending, pending),
             **fields,
         )
 
@@ -554,13 +606,23 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             data["more_requests"] = [request_out(r) for r in checkpoint.more_requests]
         if checkpoint.decisions:
             data["decisions"] = decisions_out(checkpoint.decisions)
-        if checkpoint.usage != _NO_USAGE:
-            data["usage"] = usage_out(checkpoint.usage)
+        usage = checkpoint.usage
+        if usage is not _NO_USAGE and (
+            usage.requests
+            or usage.input_tokens
+            or usage.output_tokens
+            or usage.cache_read_tokens
+            or usage.cache_write_tokens
+        ):
+            data["usage"] = usage_out(usage)
         if checkpoint.turns:
             data["turns"] = checkpoint.turns
         return data
 
-    converter.register_structure_hook(HumanRequest, request_in)
+    def request_hook(data: Any, _: Any = None) -> HumanRequest:
+        return request_in(data)
+
+    converter.register_structure_hook(HumanRequest, request_hook)
     converter.register_unstructure_hook(HumanRequest, request_out)
     converter.register_structure_hook(Checkpoint, checkpoint_in)
     converter.register_unstructure_hook(Checkpoint, checkpoint_out)
@@ -620,7 +682,7 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
                 "that wrote it.",
                 path="version",
             )
-    checkpoint = structure(data, Checkpoint, what="checkpoint")
+    checkpoint = _structure(data, Checkpoint, "checkpoint")
     check_integrity(checkpoint)
     return checkpoint
 
@@ -723,6 +785,11 @@ def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
             f"structure() needs one class, not the union {cls}; for stream events use "
             "structure_event() on data from unstructure_event(), which names the event type."
         )
+    return _structure(data, cls, what)
+
+
+def _structure(data: Any, cls: type[T], what: str | None) -> T:
+    """:func:`structure` for a class known not to be a union."""
     try:
         return _converter.structure(data, cls)
     except Exception:  # noqa: BLE001 - re-done below to say exactly what is wrong

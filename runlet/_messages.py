@@ -188,8 +188,10 @@ class Usage:
     cache_write_tokens: int = attrs.field(default=0, kw_only=True)
 
     def __add__(self, other: Usage) -> Usage:
-        if not isinstance(other, Usage):
+        if type(other) is not Usage and not isinstance(other, Usage):
             return NotImplemented
+        if self is ZERO_USAGE and type(other) is Usage:  # a run's first request: nothing to add
+            return other
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
@@ -197,3 +199,7 @@ class Usage:
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )
+
+
+ZERO_USAGE = Usage()
+"""The usage of a run that made no request yet (one shared object; usages are frozen)."""

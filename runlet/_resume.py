@@ -67,7 +67,7 @@ from ._loop import (
     new_id,
     run_tool,
 )
-from ._messages import ToolCall, ToolResult
+from ._messages import Message, ToolCall, ToolResult
 from ._result import RunResult
 from ._store import (
     CallRecord,
@@ -156,8 +156,11 @@ async def _resume(
         # 6. Resolve: the outcome and the next checkpoint, atomically.
         resolution = Resolution(decisions=decided, result=result, resolved_at=loop.clock())
         next_checkpoint = deferred[0] if deferred else None
-        with _shielded(durable_store):
+        if type(durable_store) is InMemoryCheckpointStore:  # see _shielded
             await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
+        else:
+            with anyio.CancelScope(shield=True):
+                await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
     except BaseException:
         with _shielded(durable_store):
             await durable_store.release(checkpoint_id, token)
@@ -214,10 +217,14 @@ def _decide(
             request.tool_call.id: _decision(checkpoint, request, "expire", now)
             for request in requests
         }
-    by_id = {request.id: request for request in requests}
+    by_id = (
+        {requests[0].id: requests[0]}
+        if len(requests) == 1
+        else {request.id: request for request in requests}
+    )
     answers: dict[str, Decision] = {}
     for response in responses:
-        if not isinstance(response, HumanResponse):
+        if type(response) is not HumanResponse and not isinstance(response, HumanResponse):
             raise HumanResponseError(
                 f"resume() needs a HumanResponse, got {type(response).__name__}."
             )
@@ -430,7 +437,11 @@ async def _continue(
     if pending:
         result = await loop.interrupt(run, results, pending, requests)
     else:
-        append_results(run, results)
+        calls = checkpoint.transcript[-1].tool_calls
+        if len(calls) == 1:  # the common case, inline
+            run.transcript.append(Message.tool(results[calls[0].id]))
+        else:
+            append_results(run, results)
         result = await loop.drive(run)  # 5. ordinary turns from here
     return result, tuple(decided.values())
 
@@ -443,7 +454,9 @@ def _read_only(options: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:
     # check_integrity guarantees the decided call is pending.
-    call = next(c for c in checkpoint.pending_tool_calls if c.id == call_id)
+    for call in checkpoint.pending_tool_calls:
+        if call.id == call_id:
+            break
     if decision.arguments is None or decision.arguments == call.arguments:
         return call
     return ToolCall(call.id, call.name, decision.arguments)

@@ -21,7 +21,7 @@ from ._errors import (
 from ._events import RunFinished, StreamEvent
 from ._human import HumanResponse, utc_now
 from ._loop import Clock, Emit, Loop, RunState, new_id
-from ._messages import Message, Usage
+from ._messages import ZERO_USAGE, Message
 from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
@@ -315,7 +315,7 @@ class Runtime:
             # does to them reaches another run or the caller's dicts.
             options=MappingProxyType({} if options is None else dict(options)),
             metadata={} if metadata is None else dict(metadata),
-            usage=Usage(),
+            usage=ZERO_USAGE,
             turns=0,
             emit=emit,
         )

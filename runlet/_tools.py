@@ -301,8 +301,11 @@ class ToolSpec:
                     )
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
             return f"Tool {self.name!r} failed: {type(exc).__name__}: {exc}", True
-        if type(value) is str:
+        kind = type(value)
+        if kind is str:
             return value, False
+        if kind is int:  # what the encoder would write, without its layers
+            return int.__repr__(value), False
         try:
             return _ENCODER.encode(value), False
         except (TypeError, ValueError) as exc:
