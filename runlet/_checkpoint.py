@@ -203,8 +203,22 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
     transcript = checkpoint.transcript
     if not transcript or not transcript[-1].tool_calls or transcript[-1].role != "assistant":
         _broken("transcript", "must end with the assistant message whose tool calls wait")
-    calls = {call.id: call for call in transcript[-1].tool_calls}
     pending = checkpoint.pending_tool_calls
+    if len(pending) == 1 and not checkpoint.more_requests and not checkpoint.results:
+        # The common case, one call that waits for one request, checked in one step;
+        # anything off is left to the full check below, which says what.
+        only, in_message = pending[0], transcript[-1].tool_calls
+        asked = checkpoint.request.tool_call
+        if (
+            len(in_message) == 1
+            and (
+                in_message[0] is only
+                or (in_message[0].id == only.id and in_message[0].name == only.name)
+            )
+            and (asked is only or asked == only)
+        ):
+            return
+    calls = {call.id: call for call in transcript[-1].tool_calls}
     if not pending:
         _broken("pending_tool_calls", "is empty, so there is nothing to resume")
     requests = checkpoint.open_requests
@@ -662,7 +676,7 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
             open request does not match the pending call), or was written by a schema
             version this Runlet does not read.
     """
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):
         raise CheckpointSerializationError(
             f"structure_checkpoint() needs a dict, got {type(data).__name__}."
         )

@@ -40,7 +40,41 @@ _SHOWN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=repr)
 
 def show_arguments(arguments: Mapping[str, Any]) -> str:
     """Tool arguments as compact JSON text, for prompts and notes."""
-    return _SHOWN.encode(dict(arguments))
+    return _shown(arguments if type(arguments) is dict else dict(arguments))
+
+
+def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode`` for a dict or list, without the layers it goes through on every
+    call (the same text: the C encoder it builds each time, built here)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has the C encoder
+        return encoder.encode
+    encode_string = (
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring
+    )
+
+    def encode(value: Any) -> str:
+        # A new C encoder per call: its markers (the cycle check) start empty every time.
+        chunks = make(
+            {},
+            encoder.default,
+            encode_string,
+            None,
+            encoder.key_separator,
+            encoder.item_separator,
+            encoder.sort_keys,
+            encoder.skipkeys,
+            encoder.allow_nan,
+        )(value, 0)
+        return "".join(chunks)
+
+    return encode
+
+
+_shown = _one_shot(_SHOWN)
+_encode = _one_shot(_ENCODER)
 
 
 @attrs.frozen
@@ -307,7 +341,7 @@ class ToolSpec:
         if kind is int:  # what the encoder would write, without its layers
             return int.__repr__(value), False
         try:
-            return _ENCODER.encode(value), False
+            return _encode(value), False
         except (TypeError, ValueError) as exc:
             return (
                 f"Tool {self.name!r} returned a {type(value).__name__} that is not JSON: "

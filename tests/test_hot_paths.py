@@ -1,0 +1,186 @@
+"""The shortcuts on the human round trip's hot path give the same answers as the long
+way: structuring shares equal data only when it is equal, the one-shot JSON encoders
+write what ``json`` writes, and a run's first usage is the model's own."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from strategies import json_objects
+
+from runlet import (
+    CheckpointSerializationError,
+    Message,
+    ToolCall,
+    Usage,
+    structure_checkpoint,
+    unstructure_checkpoint,
+)
+from runlet._checkpoint import Checkpoint
+from runlet._human import HumanRequest, utc_now
+from runlet._messages import ZERO_USAGE
+from runlet._tools import _encode, show_arguments
+
+
+def _checkpoint(**changes: Any) -> Checkpoint:
+    """A one-call approval checkpoint whose parts are equal but not the same objects, as
+    a checkpoint read from JSON would be before sharing."""
+    call = ToolCall("call_1", "refund", {"order_id": "7", "amount": 5})
+    fields: dict[str, Any] = {
+        "id": "cp_1",
+        "run_id": "run_1",
+        "agent_name": "support",
+        "messages": (Message.system("Be careful."), Message.user("Refund order 7.")),
+        "options": {},
+        "metadata": {},
+        "transcript": (
+            Message.system("Be careful."),
+            Message.user("Refund order 7."),
+            Message.assistant("", (call,)),
+        ),
+        "pending_tool_calls": (ToolCall("call_1", "refund", {"order_id": "7", "amount": 5}),),
+        "request": HumanRequest(
+            "req_1",
+            "approval",
+            "Refund?",
+            tool_call=ToolCall("call_1", "refund", {"order_id": "7", "amount": 5}),
+            created_at=utc_now(),
+        ),
+        "turns": 1,
+    }
+    fields.update(changes)
+    return Checkpoint(**fields)
+
+
+def _json(checkpoint: Checkpoint) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(unstructure_checkpoint(checkpoint)))
+    return data
+
+
+def test_equal_parts_of_a_checkpoint_are_structured_once_and_shared() -> None:
+    original = _checkpoint()
+
+    again = structure_checkpoint(_json(original))
+
+    assert original == again
+    assert again.transcript[0] is again.messages[0]
+    assert again.transcript[1] is again.messages[1]
+    call = again.transcript[-1].tool_calls[0]
+    assert again.pending_tool_calls[0] is call
+    assert again.request.tool_call is call
+
+
+def test_parts_that_differ_are_not_shared() -> None:
+    # The transcript's first message differs from the run's first message, and the
+    # pending call's arguments from the call in the message: each keeps its own data.
+    original = _checkpoint(
+        transcript=(
+            Message.system("Be very careful."),
+            Message.user("Refund order 7."),
+            Message.assistant("", (ToolCall("call_1", "refund", {"order_id": "8"}),)),
+        )
+    )
+
+    again = structure_checkpoint(_json(original))
+
+    assert original == again
+    assert "Be very careful." == again.transcript[0].content
+    assert "Be careful." == again.messages[0].content
+    assert {"order_id": "8"} == again.transcript[-1].tool_calls[0].arguments
+    assert {"order_id": "7", "amount": 5} == again.pending_tool_calls[0].arguments
+    assert again.request.tool_call is again.pending_tool_calls[0]
+
+
+def test_a_request_edited_in_the_json_is_still_refused() -> None:
+    data = _json(_checkpoint())
+    data["request"]["tool_call"]["arguments"]["amount"] = 5000
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(data)
+
+    assert "request.tool_call" == info.value.path
+
+
+def test_a_pending_call_edited_in_the_json_is_refused() -> None:
+    data = _json(_checkpoint())
+    data["pending_tool_calls"][0]["name"] = "delete_everything"
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(data)
+
+    assert "pending_tool_calls[0]" == info.value.path
+
+
+def test_a_call_missing_from_the_message_is_refused_in_the_one_call_case() -> None:
+    other = Message.assistant("", (ToolCall("call_2", "refund", {"order_id": "7"}),))
+    checkpoint = attrs.evolve(_checkpoint(), transcript=(*_checkpoint().transcript[:2], other))
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(_json(checkpoint))
+
+    assert "pending_tool_calls[0]" == info.value.path
+
+
+def test_a_message_with_a_second_call_and_no_answer_for_it_is_refused() -> None:
+    base = _checkpoint()
+    calls = (*base.transcript[-1].tool_calls, ToolCall("call_2", "refund", {"order_id": "9"}))
+    checkpoint = attrs.evolve(base, transcript=(*base.transcript[:2], Message.assistant("", calls)))
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(_json(checkpoint))
+
+    assert "results" == info.value.path
+
+
+@given(json_objects)
+def test_shown_arguments_are_what_json_dumps_writes(arguments: dict[str, Any]) -> None:
+    expected = json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=repr)
+
+    assert expected == show_arguments(arguments)
+
+
+@given(json_objects)
+def test_encoded_tool_results_are_what_json_dumps_writes(value: dict[str, Any]) -> None:
+    assert json.dumps(value, ensure_ascii=False, allow_nan=False) == _encode(value)
+
+
+def test_the_one_shot_encoders_refuse_what_json_refuses_and_then_work_again() -> None:
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(ValueError, match="Circular"):
+        show_arguments(cyclic)
+    with pytest.raises(ValueError, match="Circular"):
+        _encode(cyclic)
+    with pytest.raises(ValueError):
+        _encode([float("nan")])
+    with pytest.raises(TypeError):
+        _encode({"when": object()})
+    # No state is left behind by a failure: the same object is fine once repaired.
+    del cyclic["self"]
+    assert "{}" == show_arguments(cyclic) == _encode(cyclic)
+    thing = object()
+    assert json.dumps({"a": repr(thing)}) == show_arguments({"a": thing})  # shown by repr()
+    assert show_arguments({"b": 1, "a": "é"}) == '{"a": "é", "b": 1}'
+
+
+def test_a_first_usage_is_the_models_own_and_later_ones_add_up() -> None:
+    first = Usage(3, 4, 1, cache_read_tokens=2)
+
+    assert ZERO_USAGE + first is first
+    assert Usage() + first == first
+    assert first + first == Usage(6, 8, 2, cache_read_tokens=4)
+    assert ZERO_USAGE == Usage()
+
+
+def test_adding_a_usage_subclass_to_nothing_gives_a_plain_usage() -> None:
+    class Counted(Usage):
+        pass
+
+    total = ZERO_USAGE + Counted(1, 1, 1)
+
+    assert type(total) is Usage
+    assert Usage(1, 1, 1) == total
