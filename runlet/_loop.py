@@ -131,7 +131,16 @@ class Loop:
             request = ModelRequest(
                 agent.instructions, tuple(run.transcript), definitions, run.options
             )
-            if trace is None:
+            if trace is None and emit is None:  # _ask, without a coroutine of its own
+                model = agent.model
+                try:
+                    response = await model.complete(request)
+                except RunletError:
+                    raise
+                except Exception as exc:
+                    raise _adapter_failed(model, exc) from exc
+                _check_response(model, response)
+            elif trace is None:
                 response = await _ask(agent.model, request, emit)
             else:
                 response = await trace.chat(_ask, agent.model, request, emit)
@@ -214,16 +223,17 @@ class Loop:
                     group.start_soon(_run_into, results, run, call, tool)
         return results, pending
 
-    async def stop_for(
+    def stop_for(
         self, run: RunState, results: dict[str, ToolResult], pending: Sequence[ToolCall]
-    ) -> RunResult:
-        """Interrupt for the pending calls, with a new request for each."""
+    ) -> Awaitable[RunResult]:
+        """Interrupt for the pending calls, with a new request for each (the requests are
+        made at once; the returned awaitable saves the checkpoint)."""
         if self.store is None:  # pragma: no cover - _handle and resume check this first
             raise CheckpointStoreRequiredError("This Runtime has no checkpoint store.")
         now = self.clock()
         by_name = run.agent._by_name
         requests = [make_request(new_id("req"), c, by_name[c.name], now) for c in pending]
-        return await self.interrupt(run, results, pending, requests)
+        return self.interrupt(run, results, pending, requests)
 
     async def interrupt(
         self,
@@ -310,7 +320,15 @@ async def run_tool(
     # One place builds the context, so a policy and the handler see the same key.
     context = tool_context(run, call)
     trace = run.trace
-    if trace is None:
+    if trace is None and tool._is_async and tool.timeout is None:
+        # What tool._invoke does for this case, without a coroutine of its own.
+        try:
+            value = await tool.handler(arguments, context)
+        except Exception as exc:  # noqa: BLE001 - any failure goes to the model
+            content, is_error = tool._failed(exc)
+        else:
+            content, is_error = tool._content(value)
+    elif trace is None:
         content, is_error = await tool._invoke(arguments, context)
     else:
         content, is_error = await trace.tool(tool, call, arguments, context)
@@ -352,10 +370,27 @@ async def _ask(model: Model, request: ModelRequest, emit: Emit | None) -> ModelR
     except RunletError:
         raise
     except Exception as exc:
-        raise ModelError(
-            f"The model adapter {type(model).__name__} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(response, ModelResponse):
+        raise _adapter_failed(model, exc) from exc
+    _check_response(model, response)
+    if emit is not None and getattr(model, "stream", None) is None:
+        # A model that cannot stream still gives the consumer its reasoning and text.
+        for part in response.message.reasoning:
+            if part.text:
+                await emit(ReasoningDelta(part.text))
+        if response.message.content:
+            await emit(TextDelta(response.message.content))
+    return response
+
+
+def _adapter_failed(model: Model, exc: Exception) -> ModelError:
+    return ModelError(
+        f"The model adapter {type(model).__name__} failed: {type(exc).__name__}: {exc}"
+    )
+
+
+def _check_response(model: Model, response: object) -> None:
+    """Refuse what a model adapter returned unless it is a usable response."""
+    if type(response) is not ModelResponse and not isinstance(response, ModelResponse):
         raise ModelResponseError(
             f"{type(model).__name__}.complete() must return a ModelResponse, "
             f"got {type(response).__name__}."
@@ -372,14 +407,6 @@ async def _ask(model: Model, request: ModelRequest, emit: Emit | None) -> ModelR
             f"{type(model).__name__} gave two tool calls the same id in one message; "
             "each call needs its own id."
         )
-    if emit is not None and getattr(model, "stream", None) is None:
-        # A model that cannot stream still gives the consumer its reasoning and text.
-        for part in message.reasoning:
-            if part.text:
-                await emit(ReasoningDelta(part.text))
-        if message.content:
-            await emit(TextDelta(message.content))
-    return response
 
 
 async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> ModelResponse:

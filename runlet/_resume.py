@@ -83,16 +83,17 @@ __all__ = ["resume"]
 Record = Callable[[Sequence[CallRecord]], Awaitable[None]]
 
 
-async def resume(
+def resume(
     loop: Loop,
     durable: bool,
     agent: Agent,
     checkpoint_id: str,
     responses: Sequence[HumanResponse] | None,
     emit: Emit | None,
-) -> RunResult:
+) -> Awaitable[RunResult]:
     """Continue the run saved in *checkpoint_id* with *responses*, or, when *responses* is
-    ``None``, give up on every open request with the expiry result."""
+    ``None``, give up on every open request with the expiry result. Await the result at
+    once: the checks here raise when it is called."""
     store = loop.store
     if store is None:
         raise CheckpointStoreRequiredError(
@@ -101,8 +102,23 @@ async def resume(
         )
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"Expected an Agent, got {type(agent).__name__}.")
-    with resume_span(loop.tracing, agent, checkpoint_id, responses) as trace:
-        return await _resume(loop, durable, agent, checkpoint_id, responses, emit, trace)
+    span = resume_span(loop.tracing, agent, checkpoint_id, responses)
+    if not isinstance(span, RunTrace):  # not traced: no span to wrap it in
+        return _resume(loop, durable, agent, checkpoint_id, responses, emit, None)
+    return _traced(span, loop, durable, agent, checkpoint_id, responses, emit)
+
+
+async def _traced(
+    span: RunTrace,
+    loop: Loop,
+    durable: bool,
+    agent: Agent,
+    checkpoint_id: str,
+    responses: Sequence[HumanResponse] | None,
+    emit: Emit | None,
+) -> RunResult:
+    with span:
+        return await _resume(loop, durable, agent, checkpoint_id, responses, emit, span)
 
 
 async def _resume(
@@ -414,7 +430,13 @@ async def _continue(
         else:
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
-        await _run_approved(run, *to_run[0], results, record)
+        call, decision = to_run[0]
+        ran = _approved_result(
+            decision, await run_tool(run, call, agent._by_name[call.name], call.arguments)
+        )
+        results[call.id] = ran
+        if record is not None:
+            await record([CallRecord(tool_call_id=call.id, decision=decision, result=ran)])
     elif to_run:
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
@@ -478,12 +500,17 @@ async def _run_approved(
     record: Record | None,
 ) -> None:
     tool = run.agent._by_name[call.name]
-    result = await run_tool(run, call, tool, call.arguments)
-    if decision.edited:
-        result = edited_result(result, call.arguments)
+    result = _approved_result(decision, await run_tool(run, call, tool, call.arguments))
     results[call.id] = result
     if record is not None:
         await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
+
+
+def _approved_result(decision: Decision, result: ToolResult) -> ToolResult:
+    """An approved call's result, noting an edit of its arguments for the model."""
+    if decision.edited and decision.arguments is not None:
+        return edited_result(result, decision.arguments)
+    return result
 
 
 async def _holding_lease(

@@ -334,7 +334,15 @@ class ToolSpec:
                         True,
                     )
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
-            return f"Tool {self.name!r} failed: {type(exc).__name__}: {exc}", True
+            return self._failed(exc)
+        return self._content(value)
+
+    def _failed(self, exc: Exception) -> tuple[str, bool]:
+        """The result text of a handler that raised *exc*."""
+        return f"Tool {self.name!r} failed: {type(exc).__name__}: {exc}", True
+
+    def _content(self, value: Any) -> tuple[str, bool]:
+        """The result text of a handler that returned *value*."""
         kind = type(value)
         if kind is str:
             return value, False
