@@ -292,8 +292,25 @@ def _structure_datetime(value: Any, _: Any) -> datetime:
 
 
 def _unstructure_json_object(value: Mapping[str, Any]) -> dict[str, Any]:
-    # A run's options are a read-only view; JSON and stores want the dict itself.
-    return value if type(value) is dict else dict(value)
+    # A copy all the way down, so changing the data (to send or store it) never changes
+    # the object it came from: a checkpoint's calls share one arguments dict between its
+    # request, its pending calls and its transcript. Read-only views become dicts.
+    return {
+        key: item if type(item) in _PLAIN else _copy_json(item) for key, item in value.items()
+    }
+
+
+def _copy_json(value: Any) -> Any:
+    """*value* with every dict and list in it copied (tuples stay tuples, other mappings
+    become dicts, scalars are shared: they cannot change)."""
+    kind = type(value)
+    if kind is list:
+        return [item if type(item) in _PLAIN else _copy_json(item) for item in value]
+    if kind is dict or isinstance(value, Mapping):
+        return _unstructure_json_object(value)
+    if kind is tuple:
+        return tuple([item if type(item) in _PLAIN else _copy_json(item) for item in value])
+    return value
 
 
 def _structure_json_object(value: Any, _: Any) -> Any:

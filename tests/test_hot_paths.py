@@ -184,3 +184,25 @@ def test_adding_a_usage_subclass_to_nothing_gives_a_plain_usage() -> None:
 
     assert type(total) is Usage
     assert Usage(1, 1, 1) == total
+
+
+def test_unstructured_data_shares_nothing_that_can_change_with_the_checkpoint() -> None:
+    call = ToolCall("call_1", "refund", {"order": {"id": "7", "lines": [1, 2]}})
+    checkpoint = _checkpoint(
+        transcript=(*_checkpoint().transcript[:2], Message.assistant("", (call,))),
+        pending_tool_calls=(call,),
+        request=attrs.evolve(_checkpoint().request, tool_call=call),
+        metadata={"user": {"id": 7, "roles": ["agent"]}},
+    )
+    data = unstructure_checkpoint(checkpoint)
+
+    data["request"]["tool_call"]["arguments"]["order"]["id"] = "999"
+    data["request"]["tool_call"]["arguments"]["order"]["lines"].append(3)
+    data["metadata"]["user"]["roles"].append("admin")
+
+    assert {"order": {"id": "7", "lines": [1, 2]}} == call.arguments
+    assert {"user": {"id": 7, "roles": ["agent"]}} == checkpoint.metadata
+    # Changed in one place only, the request no longer matches the call that would run.
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(data)
+    assert "request.tool_call" == info.value.path
