@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -157,7 +158,11 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
     # its message and call objects between messages, transcript and pending calls):
     # check each once, at the first place it appears.
     checked: set[int] = set()
-    for name in ("transcript", "messages"):
+    transcript, messages = checkpoint.transcript, checkpoint.messages
+    # The messages a run started with begin its transcript, as the same objects: then
+    # checking the transcript checks them too.
+    shared = len(messages) <= len(transcript) and all(map(operator.is_, messages, transcript))
+    for name in ("transcript",) if shared else ("transcript", "messages"):
         for index, message in enumerate(getattr(checkpoint, name)):
             for number, call in enumerate(message.tool_calls):
                 arguments = call.arguments
@@ -286,6 +291,8 @@ def _structure_datetime(value: Any, _: Any) -> datetime:
     if value.endswith("Z"):  # fromisoformat() reads "Z" only from Python 3.11 on
         value = value[:-1] + "+00:00"
     parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is timezone.utc:  # what Runlet writes: nothing to convert
+        return parsed
     if parsed.tzinfo is None:
         raise ValueError(f"{value!r} has no time zone; times are aware UTC")
     return parsed.astimezone(timezone.utc)
@@ -295,9 +302,9 @@ def _unstructure_json_object(value: Mapping[str, Any]) -> dict[str, Any]:
     # A copy all the way down, so changing the data (to send or store it) never changes
     # the object it came from: a checkpoint's calls share one arguments dict between its
     # request, its pending calls and its transcript. Read-only views become dicts.
-    return {
-        key: item if type(item) in _PLAIN else _copy_json(item) for key, item in value.items()
-    }
+    if not value:
+        return {}
+    return {key: item if type(item) in _PLAIN else _copy_json(item) for key, item in value.items()}
 
 
 def _copy_json(value: Any) -> Any:
@@ -662,6 +669,8 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
 # The fast converter does the work; the detailed one only runs to explain a failure.
 _converter = _make_converter(detailed=False)
 _explainer = _make_converter(detailed=True)
+# A checkpoint's own hooks, called directly on the round trip's path.
+_checkpoint_out = _converter.get_unstructure_hook(Checkpoint)
 
 
 def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -679,7 +688,7 @@ def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
             f"unstructure_checkpoint() needs a Checkpoint, got {type(checkpoint).__name__}."
         )
     _check_checkpoint(checkpoint)
-    data: dict[str, Any] = _converter.unstructure(checkpoint)
+    data: dict[str, Any] = _checkpoint_out(checkpoint)
     return data
 
 

@@ -4,6 +4,7 @@ write what ``json`` writes, and a run's first usage is the model's own."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -206,3 +207,20 @@ def test_unstructured_data_shares_nothing_that_can_change_with_the_checkpoint() 
     with pytest.raises(CheckpointSerializationError) as info:
         structure_checkpoint(data)
     assert "request.tool_call" == info.value.path
+
+
+def test_a_non_json_argument_only_in_the_starting_messages_is_found() -> None:
+    bad = Message.assistant("", (ToolCall("call_0", "refund", {"at": datetime.date(2024, 1, 1)}),))
+    base = _checkpoint()
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(attrs.evolve(base, messages=(*base.messages, bad)))
+    assert "messages[2].tool_calls[0].arguments['at']" == info.value.path
+
+    # The same message object at the start of both is reported where it is first met.
+    shared = (bad,)
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(
+            attrs.evolve(base, messages=shared, transcript=(*shared, *base.transcript))
+        )
+    assert "transcript[0].tool_calls[0].arguments['at']" == info.value.path
