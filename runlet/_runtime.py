@@ -25,7 +25,7 @@ from ._messages import ZERO_USAGE, Message
 from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
-from ._tracing import Tracing, cancel_span, run_span
+from ._tracing import RunTrace, Tracing, cancel_span, run_span
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -133,7 +133,10 @@ class Runtime:
                 it writes JSON, for instance); other errors from the store propagate.
         """
         run = self._start(agent, input, options, metadata, None)
-        with run_span(self._loop.tracing, run):
+        span = run_span(self._loop.tracing, run)
+        if not isinstance(span, RunTrace):  # not traced: nothing to enter
+            return await self._loop.drive(run)
+        with span:
             return await self._loop.drive(run)
 
     def stream(
@@ -313,12 +316,16 @@ class Runtime:
             transcript=list(messages),
             # Each run gets its own copies, so nothing one run (or its model adapter)
             # does to them reaches another run or the caller's dicts.
-            options=MappingProxyType({} if options is None else dict(options)),
+            options=_NO_OPTIONS if options is None else MappingProxyType(dict(options)),
             metadata={} if metadata is None else dict(metadata),
             usage=ZERO_USAGE,
             turns=0,
             emit=emit,
         )
+
+
+# The options of a run given none: read-only, so one empty view serves every such run.
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
 def _responses(
