@@ -140,6 +140,25 @@ class FloorRuntime:
             del self.claims[checkpoint_id]
         return outcome
 
+    def _suspend(self, state: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+        """Save a checkpoint for *call* and report the interruption."""
+        checkpoint = {
+            "id": new_id("cp"),
+            "run_id": state["run_id"],
+            "messages": state["messages"],
+            "turns": state["turns"],
+            "pending": call,
+            "request": {
+                "id": new_id("req"),
+                "created_at": datetime.now(timezone.utc).isoformat(),
+                "kind": "approval",
+                "prompt": f"Allow {call['name']} with "
+                f"{json.dumps(call['arguments'], sort_keys=True)}?",
+            },
+        }
+        self.store[checkpoint["id"]] = checkpoint
+        return {"status": "interrupted", "checkpoint": checkpoint, **state}
+
     async def _drive(self, agent: FloorAgent, state: dict[str, Any]) -> dict[str, Any]:
         messages: list[dict[str, Any]] = state["messages"]
         tools = agent.tools
@@ -155,23 +174,7 @@ class FloorRuntime:
             gated = [c for c in calls if (t := tools.get(c["name"])) and t.approval]
             if gated:
                 # One gated call per turn in these workloads: suspend before running it.
-                call = gated[0]
-                checkpoint = {
-                    "id": new_id("cp"),
-                    "run_id": state["run_id"],
-                    "messages": messages,
-                    "turns": state["turns"],
-                    "pending": call,
-                    "request": {
-                        "id": new_id("req"),
-                        "created_at": datetime.now(timezone.utc).isoformat(),
-                        "kind": "approval",
-                        "prompt": f"Allow {call['name']} with "
-                        f"{json.dumps(call['arguments'], sort_keys=True)}?",
-                    },
-                }
-                self.store[checkpoint["id"]] = checkpoint
-                return {"status": "interrupted", "checkpoint": checkpoint, **state}
+                return self._suspend(state, gated[0])
             if len(calls) == 1:
                 messages.append(await call_tool(tools.get(calls[0]["name"]), calls[0]))
                 continue
@@ -181,3 +184,32 @@ class FloorRuntime:
                 for index, call in enumerate(calls):
                     group.start_soon(_call_into, results, index, tools.get(call["name"]), call)
             messages.extend(results)  # type: ignore[arg-type]
+
+
+class LeanFloorRuntime(FloorRuntime):
+    """The floor without exactly-once bookkeeping, for comparison only: its checkpoint
+    holds just the messages and the pending call, and its resume keeps no claim, no
+    records and no outcome, so a retried resume can run an approved call twice. W3
+    reports Runlet against it as information: what the journal costs on top of the
+    smallest at-least-once round trip."""
+
+    async def resume(
+        self, agent: FloorAgent, checkpoint_id: str, request_id: str, action: str
+    ) -> dict[str, Any]:
+        checkpoint = self.store.pop(checkpoint_id)
+        call = checkpoint["pending"]
+        if call["id"] != request_id or action not in ("approve", "reject"):
+            raise ValueError("this response does not answer the open request")
+        if action == "approve":
+            result = await call_tool(agent.tools.get(call["name"]), call)
+        else:
+            result = {"role": "tool", "tool_call_id": call["id"], "content": "rejected"}
+        messages = checkpoint["messages"]
+        messages.append(result)
+        state = {"run_id": checkpoint_id, "messages": messages, "turns": len(messages) // 2}
+        return await self._drive(agent, state)
+
+    def _suspend(self, state: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+        checkpoint = {"id": new_id("cp"), "messages": state["messages"], "pending": call}
+        self.store[checkpoint["id"]] = checkpoint
+        return {"status": "interrupted", "checkpoint": checkpoint, **state}

@@ -400,7 +400,27 @@ async def bench_w3(counts: Counts) -> Outcome:
 
         return await timed(work)
 
+    lean_runtime = floor.LeanFloorRuntime()
+
+    async def lean_trip() -> dict[str, Any]:
+        interrupted = await lean_runtime.run(fagent, PROMPT)
+        checkpoint = interrupted["checkpoint"]
+        text = json.dumps(checkpoint)
+        lean_runtime.store[checkpoint["id"]] = json.loads(text)
+        last["lean_json"] = text
+        return await lean_runtime.resume(
+            fagent, checkpoint["id"], checkpoint["pending"]["id"], "approve"
+        )
+
+    async def lean_rep() -> float:
+        async def work() -> None:
+            for _ in range(counts.w3_round_trips):
+                last["lean"] = await lean_trip()
+
+        return await timed(work)
+
     ours, theirs = await alternate(counts.reps, runlet_rep, floor_rep)
+    ours_again, lean = await alternate(counts.reps, runlet_rep, lean_rep)
     per_trip = 1e6 / counts.w3_round_trips
     runlet_bytes = len(last["runlet_json"].encode())
     floor_bytes = len(last["floor_json"].encode())
@@ -424,6 +444,13 @@ async def bench_w3(counts: Counts) -> Outcome:
                 higher_is_better=True,
             ),
             Figure(
+                "w3_us_per_round_trip_vs_lean",
+                "W3 human round trip against a floor with no journal",
+                "µs",
+                [t * per_trip for t in ours_again],
+                [t * per_trip for t in lean],
+            ),
+            Figure(
                 "w3_checkpoint_json_bytes",
                 "W3 checkpoint JSON size",
                 "B",
@@ -442,6 +469,9 @@ async def bench_w3(counts: Counts) -> Outcome:
             "floor_checkpoint_json": last["floor_json"],
             "floor_store_size": len(floor_runtime.store),
             "floor_journal": (len(floor_runtime.records), len(floor_runtime.outcomes)),
+            "lean_output": last["lean"]["output"],
+            "lean_checkpoint_json": last["lean_json"],
+            "lean_store_size": len(lean_runtime.store),
         },
     )
 

@@ -71,6 +71,11 @@ async def test_w3_human_round_trip() -> None:
     assert 2 == data["version"]
     assert "approve_add" == data["pending_tool_calls"][0]["name"]
     assert json.loads(checks["floor_checkpoint_json"])["pending"]["name"] == "approve_add"
+    # The lean floor does the same work without the journal: its checkpoint holds only
+    # the messages and the pending call, and nothing is left in its store.
+    assert workloads.FINAL == checks["lean_output"]
+    assert {"id", "messages", "pending"} == set(json.loads(checks["lean_checkpoint_json"]))
+    assert 0 == checks["lean_store_size"]
     size = figures(outcome)["w3_checkpoint_json_bytes"].runlet
     assert [float(len(checks["runlet_checkpoint_json"].encode()))] == size
 
