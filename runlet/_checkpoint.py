@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import operator
 import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -152,29 +151,31 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
 
 
 def _check_checkpoint(checkpoint: Checkpoint) -> None:
+    """Raise for the first value JSON cannot hold, naming its path. Only runs to explain
+    a failure of the copying hooks, which check the same things without paths."""
     _check_json(checkpoint.metadata, "metadata")
     _check_json(checkpoint.options, "options")
-    # The same arguments object is often in several places (a run's checkpoint shares
-    # its message and call objects between messages, transcript and pending calls):
-    # check each once, at the first place it appears.
-    checked: set[int] = set()
-    transcript, messages = checkpoint.transcript, checkpoint.messages
-    # The messages a run started with begin its transcript, as the same objects: then
-    # checking the transcript checks them too.
-    shared = len(messages) <= len(transcript) and all(map(operator.is_, messages, transcript))
-    for name in ("transcript",) if shared else ("transcript", "messages"):
+    for name in ("transcript", "messages"):
         for index, message in enumerate(getattr(checkpoint, name)):
             for number, call in enumerate(message.tool_calls):
-                arguments = call.arguments
-                if id(arguments) not in checked:
-                    checked.add(id(arguments))
-                    _check_json(arguments, f"{name}[{index}].tool_calls[{number}].arguments")
+                _check_arguments(call.arguments, f"{name}[{index}].tool_calls[{number}]")
     for index, call in enumerate(checkpoint.pending_tool_calls):
-        if id(call.arguments) not in checked:
-            _check_json(call.arguments, f"pending_tool_calls[{index}].arguments")
+        _check_arguments(call.arguments, f"pending_tool_calls[{index}]")
     for index, decision in enumerate(checkpoint.decisions):
         _check_json(decision.arguments, f"decisions[{index}].arguments")
         _check_json(decision.metadata, f"decisions[{index}].metadata")
+
+
+def _check_arguments(arguments: object, call: str) -> None:
+    path = f"{call}.arguments"
+    if not isinstance(arguments, (dict, MappingProxyType)):
+        raise CheckpointSerializationError(
+            f"{path} is a {type(arguments).__name__}, but a call's arguments must be a JSON "
+            "object (a dict of argument names to values); the model adapter that made the "
+            "call should have turned them into one.",
+            path=path,
+        )
+    _check_json(arguments, path)
 
 
 # Checkpoint objects already found to hang together (by id, with a weak reference to
@@ -298,26 +299,61 @@ def _structure_datetime(value: Any, _: Any) -> datetime:
     return parsed.astimezone(timezone.utc)
 
 
+class _NotJSON(CheckpointSerializationError):
+    """Raised by the copying hooks below for a value JSON cannot hold. The JSON checks
+    then run to say what and where (see :func:`unstructure_checkpoint`)."""
+
+
 def _unstructure_json_object(value: Mapping[str, Any]) -> dict[str, Any]:
     # A copy all the way down, so changing the data (to send or store it) never changes
     # the object it came from: a checkpoint's calls share one arguments dict between its
-    # request, its pending calls and its transcript. Read-only views become dicts.
+    # request, its pending calls and its transcript. A read-only view becomes a dict.
+    # The copy accepts exactly what _check_json accepts and raises _NotJSON otherwise.
+    kind = type(value)
+    if kind is not dict and kind is not MappingProxyType and not isinstance(value, dict):
+        raise _NotJSON("not a JSON object")
     if not value:
         return {}
-    return {key: item if type(item) in _PLAIN else _copy_json(item) for key, item in value.items()}
+    return _copy_object(value)
+
+
+def _copy_object(value: Mapping[Any, Any]) -> dict[str, Any]:
+    return {
+        key if type(key) is str else _text_key(key): item
+        if type(item) in _PLAIN
+        else _copy_json(item)
+        for key, item in value.items()
+    }
+
+
+def _text_key(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    raise _NotJSON("a JSON object key that is not a string")
 
 
 def _copy_json(value: Any) -> Any:
-    """*value* with every dict and list in it copied (tuples stay tuples, other mappings
-    become dicts, scalars are shared: they cannot change)."""
+    """*value* with every dict and list in it copied (tuples stay tuples; scalars are
+    shared: they cannot change)."""
     kind = type(value)
     if kind is list:
         return [item if type(item) in _PLAIN else _copy_json(item) for item in value]
-    if kind is dict or isinstance(value, Mapping):
-        return _unstructure_json_object(value)
+    if kind is dict:
+        return _copy_object(value)
+    if kind is float and math.isfinite(value):
+        return value
     if kind is tuple:
         return tuple([item if type(item) in _PLAIN else _copy_json(item) for item in value])
-    return value
+    # Subclasses of the JSON types, as _check_json allows them.
+    if isinstance(value, _JSON_SCALARS) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    if isinstance(value, dict):
+        return _copy_object(value)
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple([_copy_json(item) for item in value])
+    raise _NotJSON("not a JSON value")
 
 
 def _structure_json_object(value: Any, _: Any) -> Any:
@@ -687,8 +723,13 @@ def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
         raise CheckpointSerializationError(
             f"unstructure_checkpoint() needs a Checkpoint, got {type(checkpoint).__name__}."
         )
-    _check_checkpoint(checkpoint)
-    data: dict[str, Any] = _checkpoint_out(checkpoint)
+    try:
+        data: dict[str, Any] = _checkpoint_out(checkpoint)  # copies only JSON values
+    except (_NotJSON, RecursionError) as exc:
+        _check_checkpoint(checkpoint)  # says what is not JSON, and where
+        raise CheckpointSerializationError(  # pragma: no cover - the check above raises
+            f"This checkpoint holds data that JSON cannot hold ({exc})."
+        ) from exc
     return data
 
 

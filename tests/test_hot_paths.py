@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import types
 from typing import Any
 
 import attrs
@@ -224,3 +225,71 @@ def test_a_non_json_argument_only_in_the_starting_messages_is_found() -> None:
             attrs.evolve(base, messages=shared, transcript=(*shared, *base.transcript))
         )
     assert "transcript[0].tool_calls[0].arguments['at']" == info.value.path
+
+
+class _Text(str):
+    pass
+
+
+class _Number(float):
+    pass
+
+
+class _Object(dict):  # type: ignore[type-arg]
+    pass
+
+
+class _List(list):  # type: ignore[type-arg]
+    pass
+
+
+class _Tuple(tuple):  # type: ignore[type-arg]
+    pass
+
+
+def test_subclasses_of_json_types_are_copied_like_their_bases() -> None:
+    metadata = {
+        "a": _Text("x"),
+        "b": _Number(1.5),
+        "c": _Object(d=_List([1, _Tuple((2.5, {"e": None}))])),
+        "f": (1, [2]),
+    }
+    data = unstructure_checkpoint(_checkpoint(metadata=metadata))
+
+    assert metadata == data["metadata"]
+    assert data["metadata"]["c"] is not metadata["c"]
+    assert type(data["metadata"]["c"]["d"]) is list
+    assert type(data["metadata"]["f"]) is tuple
+    assert json.loads(json.dumps(data))["metadata"]["c"] == {"d": [1, [2.5, {"e": None}]]}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "path"),
+    [
+        ({"a": [1, float("nan")]}, "metadata['a'][1]"),
+        ({"a": _Number("inf")}, "metadata['a']"),
+        ({"a": {1: "one"}}, "metadata['a']"),
+        ({"a": types.MappingProxyType({"b": 1})}, "metadata['a']"),
+        ({"a": _List([{2, 3}])}, "metadata['a'][0]"),
+        ({"a": _Tuple(({"b": object()},))}, "metadata['a'][0]['b']"),
+    ],
+)
+def test_what_json_cannot_hold_is_refused_with_its_path(
+    metadata: dict[str, Any], path: str
+) -> None:
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(_checkpoint(metadata=metadata))
+
+    assert path == info.value.path
+
+
+def test_arguments_that_are_not_an_object_are_refused_with_their_path() -> None:
+    # A model adapter may hand over a call whose arguments are a list: the run answers
+    # that call with an error result, but its checkpoint cannot be written as JSON.
+    odd = ToolCall("call_1", "refund", [("order_id", "7")])  # type: ignore[arg-type]
+    base = _checkpoint()
+
+    with pytest.raises(CheckpointSerializationError, match="must be a JSON object") as info:
+        unstructure_checkpoint(attrs.evolve(base, pending_tool_calls=(odd,)))
+
+    assert "pending_tool_calls[0].arguments" == info.value.path
