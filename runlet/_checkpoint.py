@@ -707,6 +707,7 @@ _converter = _make_converter(detailed=False)
 _explainer = _make_converter(detailed=True)
 # A checkpoint's own hooks, called directly on the round trip's path.
 _checkpoint_out = _converter.get_unstructure_hook(Checkpoint)
+_checkpoint_in = _converter.get_structure_hook(Checkpoint)
 
 
 def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -763,7 +764,10 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
                 "that wrote it.",
                 path="version",
             )
-    checkpoint = _structure(data, Checkpoint, "checkpoint")
+    try:
+        checkpoint: Checkpoint = _checkpoint_in(data, Checkpoint)
+    except Exception:  # noqa: BLE001 - the detailed converter explains, or reads it after all
+        checkpoint = _structure(data, Checkpoint, "checkpoint")
     check_integrity(checkpoint)
     return checkpoint
 
