@@ -411,7 +411,9 @@ async def _continue(
         run_id=checkpoint.run_id,
         messages=checkpoint.messages,
         transcript=list(checkpoint.transcript),
-        options=_read_only(checkpoint.options),
+        options=options
+        if type(options := checkpoint.options) is MappingProxyType
+        else _read_only(options),
         metadata=checkpoint.metadata,
         usage=checkpoint.usage,
         turns=checkpoint.turns,
@@ -461,7 +463,8 @@ async def _continue(
     else:
         calls = checkpoint.transcript[-1].tool_calls
         if len(calls) == 1:  # the common case, inline
-            run.transcript.append(Message.tool(results[calls[0].id]))
+            answered = results[calls[0].id]
+            run.transcript.append(Message("tool", answered.content, (), answered))
         else:
             append_results(run, results)
         result = await loop.drive(run)  # 5. ordinary turns from here

@@ -431,17 +431,22 @@ class InMemoryCheckpointStore:
 
     async def get(self, checkpoint_id: str) -> StoredCheckpoint:
         """The checkpoint with its status, records and resolution."""
-        entry = self._entry(checkpoint_id)
+        entry = self._entries.get(checkpoint_id)
+        if entry is None:
+            raise not_found(checkpoint_id)
+        records = entry.records
         return StoredCheckpoint(
             checkpoint=entry.checkpoint,
             status=entry.status,
-            records=tuple(entry.records.values()),
+            records=tuple(records.values()) if records else (),
             resolution=entry.resolution,
         )
 
     async def claim(self, checkpoint_id: str) -> Claim:
         """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
-        entry = self._entry(checkpoint_id)
+        entry = self._entries.get(checkpoint_id)
+        if entry is None:
+            raise not_found(checkpoint_id)
         status = entry.status
         if status == "claimed":
             if self._held_now(entry):
@@ -457,8 +462,11 @@ class InMemoryCheckpointStore:
         entry.token = token = new_token()
         if self._lease is not None:
             entry.lease_until = time.monotonic() + self._lease
+        records = entry.records
         return Claim(
-            checkpoint=entry.checkpoint, token=token, records=tuple(entry.records.values())
+            checkpoint=entry.checkpoint,
+            token=token,
+            records=tuple(records.values()) if records else (),
         )
 
     async def renew(self, checkpoint_id: str, token: str) -> None:
