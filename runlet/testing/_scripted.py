@@ -20,6 +20,8 @@ ScriptItem = Union[_Answer, Callable[[ModelRequest], Union[_Answer, Awaitable[_A
 """One scripted answer, or a function of the request that returns one."""
 
 _call_ids = itertools.count(1)
+# Answers that are never awaitable: no need to ask.
+_READY = frozenset({str, ToolCall, Message, ModelResponse, list, tuple})
 
 
 def call(
@@ -113,7 +115,7 @@ class ScriptedModel:
             self._used += 1
             if callable(item):
                 item = item(request)
-        if inspect.isawaitable(item):
+        if type(item) not in _READY and inspect.isawaitable(item):
             item = await item
         return self._response(item)
 
@@ -163,6 +165,11 @@ class ScriptedModel:
         return [text[i : i + size] for i in range(0, len(text), size)]
 
     def _response(self, item: Any) -> ModelResponse:
+        kind = type(item)  # the usual answers first, without the isinstance chain
+        if kind is str:
+            return ModelResponse(Message("assistant", item), self._usage)
+        if kind is ToolCall:
+            return ModelResponse(Message("assistant", "", (item,)), self._usage)
         if isinstance(item, ModelResponse):
             return item
         if isinstance(item, Message):
