@@ -376,49 +376,33 @@ async def bench_w3(counts: Counts) -> Outcome:
         response = HumanResponse(interrupted.interruption.id, "approve")
         return await runtime.resume(agent, checkpoint_id=checkpoint_id, response=response)
 
-    async def floor_trip() -> dict[str, Any]:
-        interrupted = await floor_runtime.run(fagent, PROMPT)
-        checkpoint = interrupted["checkpoint"]
-        text = json.dumps(checkpoint)
-        floor_runtime.store[checkpoint["id"]] = json.loads(text)
-        last["floor_json"] = text
-        return await floor_runtime.resume(
-            fagent, checkpoint["id"], checkpoint["request"]["id"], "approve"
-        )
+    def floor_trip(
+        runtime: floor.FloorRuntime, key: str, request: Callable[[dict[str, Any]], str]
+    ) -> Callable[[], Awaitable[dict[str, Any]]]:
+        async def trip() -> dict[str, Any]:
+            interrupted = await runtime.run(fagent, PROMPT)
+            checkpoint = interrupted["checkpoint"]
+            text = json.dumps(checkpoint)
+            runtime.store[checkpoint["id"]] = json.loads(text)
+            last[f"{key}_json"] = text
+            return await runtime.resume(fagent, checkpoint["id"], request(checkpoint), "approve")
 
-    async def runlet_rep() -> float:
-        async def work() -> None:
-            for _ in range(counts.w3_round_trips):
-                last["runlet"] = await runlet_trip()
+        return trip
 
-        return await timed(work)
+    def rep(key: str, trip: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[float]]:
+        async def one() -> float:
+            async def work() -> None:
+                for _ in range(counts.w3_round_trips):
+                    last[key] = await trip()
 
-    async def floor_rep() -> float:
-        async def work() -> None:
-            for _ in range(counts.w3_round_trips):
-                last["floor"] = await floor_trip()
+            return await timed(work)
 
-        return await timed(work)
+        return one
 
     lean_runtime = floor.LeanFloorRuntime()
-
-    async def lean_trip() -> dict[str, Any]:
-        interrupted = await lean_runtime.run(fagent, PROMPT)
-        checkpoint = interrupted["checkpoint"]
-        text = json.dumps(checkpoint)
-        lean_runtime.store[checkpoint["id"]] = json.loads(text)
-        last["lean_json"] = text
-        return await lean_runtime.resume(
-            fagent, checkpoint["id"], checkpoint["pending"]["id"], "approve"
-        )
-
-    async def lean_rep() -> float:
-        async def work() -> None:
-            for _ in range(counts.w3_round_trips):
-                last["lean"] = await lean_trip()
-
-        return await timed(work)
-
+    runlet_rep = rep("runlet", runlet_trip)
+    floor_rep = rep("floor", floor_trip(floor_runtime, "floor", lambda cp: cp["request"]["id"]))
+    lean_rep = rep("lean", floor_trip(lean_runtime, "lean", lambda cp: cp["pending"]["id"]))
     ours, theirs = await alternate(counts.reps, runlet_rep, floor_rep)
     ours_again, lean = await alternate(counts.reps, runlet_rep, lean_rep)
     per_trip = 1e6 / counts.w3_round_trips

@@ -105,20 +105,12 @@ def resume(
     span = resume_span(loop.tracing, agent, checkpoint_id, responses)
     if not isinstance(span, RunTrace):  # not traced: no span to wrap it in
         return _resume(loop, durable, agent, checkpoint_id, responses, emit, None)
-    return _traced(span, loop, durable, agent, checkpoint_id, responses, emit)
+    return _traced(span, partial(_resume, loop, durable, agent, checkpoint_id, responses, emit))
 
 
-async def _traced(
-    span: RunTrace,
-    loop: Loop,
-    durable: bool,
-    agent: Agent,
-    checkpoint_id: str,
-    responses: Sequence[HumanResponse] | None,
-    emit: Emit | None,
-) -> RunResult:
+async def _traced(span: RunTrace, start: Callable[[RunTrace], Awaitable[RunResult]]) -> RunResult:
     with span:
-        return await _resume(loop, durable, agent, checkpoint_id, responses, emit, span)
+        return await start(span)
 
 
 async def _resume(
