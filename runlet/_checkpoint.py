@@ -90,7 +90,6 @@ class Checkpoint:
 
 _JSON_SCALARS = (str, int, bool, type(None))
 _PLAIN = frozenset(_JSON_SCALARS)
-_CONTAINERS = frozenset({dict, list, tuple, MappingProxyType})
 
 
 def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) -> None:
@@ -101,7 +100,7 @@ def _check_json(value: object, path: str, _outer: dict[int, str] | None = None) 
     container that holds itself is reported instead of recursing without end.
     """
     kind = type(value)
-    if kind in _PLAIN or (kind in _CONTAINERS and not value):
+    if kind in _PLAIN or ((kind is dict or kind is list or kind is tuple) and not value):
         return  # the common cases first: exact scalars and empty containers
     if isinstance(value, _JSON_SCALARS):
         return

@@ -164,11 +164,8 @@ async def _resume(
         # 6. Resolve: the outcome and the next checkpoint, atomically.
         resolution = Resolution(decisions=decided, result=result, resolved_at=loop.clock())
         next_checkpoint = deferred[0] if deferred else None
-        if type(durable_store) is InMemoryCheckpointStore:  # see _shielded
+        with _shielded(durable_store):
             await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
-        else:
-            with anyio.CancelScope(shield=True):
-                await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
     except BaseException:
         with _shielded(durable_store):
             await durable_store.release(checkpoint_id, token)
@@ -403,9 +400,7 @@ async def _continue(
         run_id=checkpoint.run_id,
         messages=checkpoint.messages,
         transcript=list(checkpoint.transcript),
-        options=options
-        if type(options := checkpoint.options) is MappingProxyType
-        else _read_only(options),
+        options=_read_only(checkpoint.options),
         metadata=checkpoint.metadata,
         usage=checkpoint.usage,
         turns=checkpoint.turns,

@@ -293,3 +293,10 @@ def test_arguments_that_are_not_an_object_are_refused_with_their_path() -> None:
         unstructure_checkpoint(attrs.evolve(base, pending_tool_calls=(odd,)))
 
     assert "pending_tool_calls[0].arguments" == info.value.path
+
+
+def test_an_empty_read_only_view_inside_the_data_is_refused_like_a_full_one() -> None:
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(_checkpoint(metadata={"a": types.MappingProxyType({})}))
+
+    assert "metadata['a']" == info.value.path
