@@ -419,13 +419,7 @@ async def _continue(
         else:
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
-        call, decision = to_run[0]
-        ran = _approved_result(
-            decision, await run_tool(run, call, agent._by_name[call.name], call.arguments)
-        )
-        results[call.id] = ran
-        if record is not None:
-            await record([CallRecord(tool_call_id=call.id, decision=decision, result=ran)])
+        await _run_approved(run, *to_run[0], results, record)
     elif to_run:
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
@@ -450,8 +444,7 @@ async def _continue(
     else:
         calls = checkpoint.transcript[-1].tool_calls
         if len(calls) == 1:  # the common case, inline
-            answered = results[calls[0].id]
-            run.transcript.append(Message("tool", answered.content, (), answered))
+            run.transcript.append(Message.tool(results[calls[0].id]))
         else:
             append_results(run, results)
         result = await loop.drive(run)  # 5. ordinary turns from here
@@ -490,17 +483,12 @@ async def _run_approved(
     record: Record | None,
 ) -> None:
     tool = run.agent._by_name[call.name]
-    result = _approved_result(decision, await run_tool(run, call, tool, call.arguments))
+    result = await run_tool(run, call, tool, call.arguments)
+    if decision.edited:
+        result = edited_result(result, call.arguments)
     results[call.id] = result
     if record is not None:
         await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
-
-
-def _approved_result(decision: Decision, result: ToolResult) -> ToolResult:
-    """An approved call's result, noting an edit of its arguments for the model."""
-    if decision.edited and decision.arguments is not None:
-        return edited_result(result, decision.arguments)
-    return result
 
 
 async def _holding_lease(

@@ -3,9 +3,7 @@ loop and the resume bookkeeping."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timezone
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +19,7 @@ from ._errors import (
     RunletError,
 )
 from ._events import RunFinished, StreamEvent
-from ._human import HumanResponse
+from ._human import HumanResponse, utc_now
 from ._loop import Clock, Emit, Loop, RunState, new_id
 from ._messages import ZERO_USAGE, Message
 from ._result import RunResult
@@ -97,7 +95,7 @@ class Runtime:
         self.checkpoint_store = checkpoint_store
         self.max_turns = max_turns
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
-        self._loop = Loop(checkpoint_store, max_turns, _NOW if clock is None else clock)
+        self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else clock)
         self._loop.tracing = Tracing(tracer_provider, trace_content)
 
     def __repr__(self) -> str:
@@ -228,10 +226,7 @@ class Runtime:
             ModelError: The model adapter failed after the response was applied.
             MaxTurnsExceededError: The run made too many model requests.
         """
-        if response is not None and responses is None:  # the usual call, checked inline
-            answers: Sequence[HumanResponse] = (response,)
-        else:
-            answers = _responses(response, responses)
+        answers = _responses(response, responses)
         return await resume(self._loop, self._durable, agent, checkpoint_id, answers, None)
 
     def stream_resume(
@@ -328,9 +323,6 @@ class Runtime:
             emit=emit,
         )
 
-
-# The default clock: utc_now() without a Python frame of its own (it is read per request).
-_NOW = functools.partial(datetime.now, timezone.utc)
 
 # The options of a run given none: read-only, so one empty view serves every such run.
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})

@@ -431,9 +431,7 @@ class InMemoryCheckpointStore:
 
     async def get(self, checkpoint_id: str) -> StoredCheckpoint:
         """The checkpoint with its status, records and resolution."""
-        entry = self._entries.get(checkpoint_id)
-        if entry is None:
-            raise not_found(checkpoint_id)
+        entry = self._entry(checkpoint_id)
         records = entry.records
         return StoredCheckpoint(
             checkpoint=entry.checkpoint,
@@ -444,9 +442,7 @@ class InMemoryCheckpointStore:
 
     async def claim(self, checkpoint_id: str) -> Claim:
         """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
-        entry = self._entries.get(checkpoint_id)
-        if entry is None:
-            raise not_found(checkpoint_id)
+        entry = self._entry(checkpoint_id)
         status = entry.status
         if status == "claimed":
             if self._held_now(entry):
