@@ -109,11 +109,15 @@ class SQLStore:
     _sql: Statements
     _name: str
 
-    def __init__(self, *, lease: float | None, connections: int) -> None:
+    def __init__(
+        self, *, lease: float | None, connections: int, argument: str = "connections"
+    ) -> None:
+        """*argument* names the store's own argument that set *connections*, for errors."""
         check_lease(lease)
         if type(connections) is not int or connections < 1:
             raise ConfigurationError(
-                f"The number of connections must be a positive int, not {connections!r}."
+                f"{argument} is the number of connections and must be a positive int, "
+                f"not {connections!r}."
             )
         self._lease = lease
         self._connections = connections

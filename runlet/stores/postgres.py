@@ -286,7 +286,7 @@ class PostgresCheckpointStore(SQLStore):
         connect_kwargs: Mapping[str, Any] | None = None,
         check_connections: bool = False,
     ) -> None:
-        super().__init__(lease=lease, connections=max_size)
+        super().__init__(lease=lease, connections=max_size, argument="max_size")
         if type(min_size) is not int or not 0 <= min_size <= max_size:
             raise ConfigurationError(
                 f"min_size must be an int from 0 to max_size ({max_size}), not {min_size!r}."
