@@ -446,12 +446,7 @@ class InMemoryCheckpointStore:
         status = entry.status
         if status == "claimed":
             if self._held_now(entry):
-                raise CheckpointClaimedError(
-                    f"Checkpoint {checkpoint_id!r} is being resumed by another caller right "
-                    "now. Wait for that resume: it either resolves the checkpoint (then "
-                    "repeating your response returns its result) or leaves it resumable.",
-                    checkpoint_id=checkpoint_id,
-                )
+                raise claimed_error(checkpoint_id)
         elif status != "pending":
             _refuse_final(entry, checkpoint_id)
         entry.status = "claimed"
@@ -505,11 +500,7 @@ class InMemoryCheckpointStore:
         """Retire the checkpoint (see :meth:`DurableCheckpointStore.cancel`)."""
         entry = self._entry(checkpoint_id)
         if entry.status == "claimed" and self._held_now(entry):
-            raise CheckpointClaimedError(
-                f"Checkpoint {checkpoint_id!r} is being resumed right now and cannot be "
-                "cancelled; try again once that resume has finished or failed.",
-                checkpoint_id=checkpoint_id,
-            )
+            raise cancel_claimed_error(checkpoint_id)
         if entry.status == "resolved":
             _refuse_final(entry, checkpoint_id)
         if entry.status != "cancelled":
@@ -630,6 +621,25 @@ def resolved_error(checkpoint_id: str, resolution: Resolution | None) -> Checkpo
         "Resuming it again with the same response returns the stored result.",
         checkpoint_id=checkpoint_id,
         resolution=resolution,
+    )
+
+
+def claimed_error(checkpoint_id: str) -> CheckpointClaimedError:
+    """The error for claiming a checkpoint another resume holds right now."""
+    return CheckpointClaimedError(
+        f"Checkpoint {checkpoint_id!r} is being resumed by another caller right now. Wait "
+        "for that resume: it either resolves the checkpoint (then repeating your response "
+        "returns its result) or leaves it resumable once it fails or its lease runs out.",
+        checkpoint_id=checkpoint_id,
+    )
+
+
+def cancel_claimed_error(checkpoint_id: str) -> CheckpointClaimedError:
+    """The error for cancelling a checkpoint a resume holds right now."""
+    return CheckpointClaimedError(
+        f"Checkpoint {checkpoint_id!r} is being resumed right now and cannot be "
+        "cancelled; try again once that resume has finished or failed.",
+        checkpoint_id=checkpoint_id,
     )
 
 

@@ -36,7 +36,7 @@ from .._checkpoint import (
     unstructure,
     unstructure_checkpoint,
 )
-from .._errors import CheckpointClaimedError, ConfigurationError, StoreSchemaError
+from .._errors import ConfigurationError, StoreSchemaError
 from .._human import Decision
 from .._store import (
     CallRecord,
@@ -44,9 +44,11 @@ from .._store import (
     PendingRequest,
     Resolution,
     StoredCheckpoint,
+    cancel_claimed_error,
     cancelled_error,
     check_lease,
     check_limit,
+    claimed_error,
     lease_lost,
     metadata_matches,
     new_token,
@@ -310,7 +312,7 @@ class SQLStore:
                     if row is not None:
                         return self._claimed(conn, row[0], params)
                     self._refuse(conn, checkpoint_id, cancelling=False)
-            raise _claimed(checkpoint_id)  # pragma: no cover - five lost races in a row
+            raise claimed_error(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         try:
             claim = await self._run(work)
@@ -420,7 +422,7 @@ class SQLStore:
                     if conn.execute(self._sql.cancel, {"id": checkpoint_id}).rowcount == 1:
                         return
                     self._refuse(conn, checkpoint_id, cancelling=True)
-            raise _claimed(checkpoint_id)  # pragma: no cover - five lost races in a row
+            raise claimed_error(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         await self._run(work)
 
@@ -526,12 +528,8 @@ class SQLStore:
         status, resolution, held = row
         if status == "claimed" and held:
             if cancelling:
-                raise CheckpointClaimedError(
-                    f"Checkpoint {checkpoint_id!r} is being resumed right now and cannot be "
-                    "cancelled; try again once that resume has finished or failed.",
-                    checkpoint_id=checkpoint_id,
-                )
-            raise _claimed(checkpoint_id)
+                raise cancel_claimed_error(checkpoint_id)
+            raise claimed_error(checkpoint_id)
         if status == "resolved":
             raise resolved_error(checkpoint_id, _resolution(resolution))
         if status == "cancelled" and not cancelling:
@@ -572,15 +570,6 @@ def _prefilter(wanted: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]] | 
         ):
             scalars[key] = value
     return scalars, list(wanted)
-
-
-def _claimed(checkpoint_id: str) -> CheckpointClaimedError:
-    return CheckpointClaimedError(
-        f"Checkpoint {checkpoint_id!r} is being resumed by another caller right now. Wait "
-        "for that resume: it either resolves the checkpoint (then repeating your response "
-        "returns its result) or leaves it resumable once it fails or its lease runs out.",
-        checkpoint_id=checkpoint_id,
-    )
 
 
 def dumps(data: Any) -> str:
