@@ -346,13 +346,14 @@ class ToolSpec:
         kind = type(value)
         if kind is str:
             return value, False
-        if kind is int:  # what the encoder would write, without its layers
-            return int.__repr__(value), False
         try:
+            if kind is int:  # what the encoder would write, without its layers
+                return int.__repr__(value), False
             return _encode(value), False
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # too many digits, NaN, not JSON at all
             return (
-                f"Tool {self.name!r} returned a {type(value).__name__} that is not JSON: "
+                f"Tool {self.name!r} returned a value of type {type(value).__name__} that "
+                f"is not JSON: "
                 f"{exc}. Its handler must return a str or a JSON value.",
                 True,
             )

@@ -300,3 +300,18 @@ def test_an_empty_read_only_view_inside_the_data_is_refused_like_a_full_one() ->
         unstructure_checkpoint(_checkpoint(metadata={"a": types.MappingProxyType({})}))
 
     assert "metadata['a']" == info.value.path
+
+
+def test_an_int_too_long_to_write_is_an_error_result_not_a_crash() -> None:
+    from runlet import ToolSpec
+
+    async def handler(arguments: Any, context: Any) -> int:
+        return 10**5000  # pragma: no cover - not called
+
+    tool = ToolSpec("big", "Big.", {"type": "object"}, handler)
+
+    content, is_error = tool._content(10**5000)
+
+    assert is_error
+    assert content.startswith("Tool 'big' returned a value of type int that is not JSON")
+    assert ("12", False) == tool._content(12)
