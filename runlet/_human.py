@@ -307,7 +307,7 @@ def ask_human(expires_after: float | None = None) -> ToolSpec:
         expires_after: Seconds after which a question expires (see
             :attr:`HumanRequest.expires_at`); ``None`` means never.
     """
-    spec = ToolSpec(
+    return ToolSpec(
         name="ask_human",
         description=(
             "Ask the human user a question and wait for the answer. Use kind='choice' "
@@ -315,10 +315,9 @@ def ask_human(expires_after: float | None = None) -> ToolSpec:
         ),
         input_schema=_ASK_HUMAN_SCHEMA,
         handler=_not_called,
+        requires_approval=True,  # it always stops for a person (for an answer, not a yes)
         expires_after=expires_after,
     )
-    object.__setattr__(spec, "_gate", True)
-    return spec
 
 
 def is_ask_human(tool: ToolSpec) -> bool:
