@@ -161,11 +161,7 @@ class Loop:
             results, pending = await self._handle(run, message.tool_calls)
             if pending:
                 return await self.stop_for(run, results, pending)
-            calls = message.tool_calls
-            if len(calls) == 1:  # the common case, inline: this is the per-turn path
-                run.transcript.append(Message.tool(results[calls[0].id]))
-            else:
-                append_results(run, results)
+            append_results(run, results)
 
     async def _handle(
         self, run: RunState, calls: tuple[ToolCall, ...]

@@ -67,7 +67,7 @@ from ._loop import (
     new_id,
     run_tool,
 )
-from ._messages import Message, ToolCall, ToolResult
+from ._messages import ToolCall, ToolResult
 from ._result import RunResult
 from ._store import (
     CallRecord,
@@ -135,7 +135,7 @@ async def _resume(
     if stored.status == "resolved":
         return _repeat(checkpoint_id, stored.resolution, responses)
     checkpoint = stored.checkpoint
-    answers = _decide(loop, agent, checkpoint, responses)
+    answers = _decide(loop, agent, checkpoint, responses, stored.records)
     _refuse_conflicts(checkpoint, answers, stored.records)
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
@@ -210,9 +210,11 @@ def _decide(
     agent: Agent,
     checkpoint: Checkpoint,
     responses: Sequence[HumanResponse] | None,
+    records: Sequence[CallRecord] = (),
 ) -> dict[str, Decision]:
     """Check everything that can be checked before a claim; return the decisions by call
-    id. Raises without side effects."""
+    id. *records* are the checkpoint's recorded decisions: a request one of them answered
+    in time does not expire. Raises without side effects."""
     check_integrity(checkpoint)
     _check_agent(agent, checkpoint)
     now = loop.clock()
@@ -248,7 +250,11 @@ def _decide(
                 f"Two responses answer request {request.id!r}; give one per request."
             )
         check_response(request, response)
-        if request.expires_at is not None and now >= request.expires_at:
+        if (
+            request.expires_at is not None
+            and now >= request.expires_at
+            and not any(record.tool_call_id == call_id for record in records)
+        ):
             raise HumanRequestExpiredError(
                 f"Request {request.id!r} expired at {request.expires_at.isoformat()}, before "
                 "this response came. Record the expiry with runtime.expire(...) or retire "
@@ -297,7 +303,10 @@ def _accept(
             "edited_arguments that fit; the checkpoint is unchanged."
         )
     if edited is not None:
-        _check_json(dict(edited), "edited_arguments")
+        try:
+            _check_json(dict(edited), "edited_arguments")
+        except CheckpointSerializationError as exc:
+            raise HumanResponseError(f"HumanResponse {exc}") from None
     return _decision(checkpoint, request, "approve", now, response, dict(arguments))
 
 
@@ -421,9 +430,23 @@ async def _continue(
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
         await _run_approved(run, *to_run[0], results, record)
     elif to_run:
+        # A failure (a lost lease, a store error) stops the others and is raised as
+        # itself, as with one call, not wrapped in an exception group.
+        failures: list[Exception] = []
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
-                group.start_soon(_run_approved, run, call, decision, results, record)
+                group.start_soon(
+                    _run_approved_or_stop,
+                    group.cancel_scope,
+                    failures,
+                    run,
+                    call,
+                    decision,
+                    results,
+                    record,
+                )
+        if failures:
+            raise failures[0]
 
     pending: list[ToolCall] = []
     requests: list[HumanRequest] = []
@@ -442,11 +465,7 @@ async def _continue(
     if pending:
         result = await loop.interrupt(run, results, pending, requests)
     else:
-        calls = checkpoint.transcript[-1].tool_calls
-        if len(calls) == 1:  # the common case, inline
-            run.transcript.append(Message.tool(results[calls[0].id]))
-        else:
-            append_results(run, results)
+        append_results(run, results)
         result = await loop.drive(run)  # 5. ordinary turns from here
     return result, tuple(decided.values())
 
@@ -489,6 +508,22 @@ async def _run_approved(
     results[call.id] = result
     if record is not None:
         await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
+
+
+async def _run_approved_or_stop(
+    scope: anyio.CancelScope,
+    failures: list[Exception],
+    run: RunState,
+    call: ToolCall,
+    decision: Decision,
+    results: dict[str, ToolResult],
+    record: Record | None,
+) -> None:
+    try:
+        await _run_approved(run, call, decision, results, record)
+    except Exception as exc:  # noqa: BLE001 - raised by _continue, after the task group
+        failures.append(exc)
+        scope.cancel()
 
 
 async def _holding_lease(

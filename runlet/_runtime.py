@@ -153,7 +153,7 @@ class Runtime:
         ``async for event in stream:``. The last event is :class:`~runlet.RunFinished`;
         afterwards :attr:`RunStream.result` is the :class:`RunResult`. An interruption
         ends the stream (after an :class:`~runlet.Interrupted` event); continue with
-        :meth:`resume`, which returns a plain result.
+        :meth:`resume` (a plain result) or :meth:`stream_resume` (a stream again).
 
         Leaving the ``async with`` block early (``break``, an exception, cancellation)
         stops the run: the model stream is closed and running tools are cancelled
@@ -211,12 +211,16 @@ class Runtime:
             responses: Answers to several of ``result.pending_requests``.
 
         Raises:
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent`.
             CheckpointStoreRequiredError: The runtime has no store.
             CheckpointNotFoundError: No such checkpoint.
             CheckpointCancelledError: It was cancelled with :meth:`cancel`.
             CheckpointClaimedError: Another resume of it is under way right now.
+            CheckpointResolvedError: A resume already finished with it and its request
+                is open again at a later checkpoint (the error names it): answer there.
             HumanResponseError: A response does not answer an open request (wrong id,
-                action, option, or arguments that fail the tool's schema).
+                action, option, or arguments that fail the tool's schema or are not
+                JSON).
             HumanResponseConflictError: The request was already answered differently.
             HumanRequestExpiredError: The request expired before the answer came.
             MissingToolError: *agent* lacks a tool the checkpoint needs.

@@ -1218,3 +1218,98 @@ async def test_a_contradicting_answer_is_refused_before_it_claims_anything() -> 
 
     assert 1 == len(claims)  # refused from the records, without a claim
     assert 1 == len(payments.attempts)
+
+
+# --- Found in review --------------------------------------------------------------------
+
+
+async def test_a_store_failure_among_several_approved_calls_is_raised_as_itself() -> None:
+    class Failing(InMemoryCheckpointStore):
+        fail = True
+
+        async def record(
+            self, checkpoint_id: str, token: str, records: Sequence[CallRecord]
+        ) -> None:
+            if self.fail and any(record.result is not None for record in records):
+                raise OSError("disk full")
+            await super().record(checkpoint_id, token, records)
+
+    payments = Payments()
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    store = Failing()
+    rt = Runtime(checkpoint_store=store)
+    agent = agent_with(model, refund_spec(payments, idempotent=True))
+    first = await rt.run(agent, "Refund both.")
+    answers = [HumanResponse(r.id, "approve") for r in first.pending_requests]
+
+    with pytest.raises(OSError, match="disk full"):  # not an exception group
+        await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
+    assert "pending" == (await store.get(cp(first))).status
+
+    store.fail = False
+    result = await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
+    assert "completed" == result.status
+    assert ["1", "2"] == sorted(payments.paid.values())
+
+
+def _down(request: runlet.ModelRequest) -> str:
+    raise OSError("model is down")
+
+
+async def test_an_answer_recorded_in_time_is_not_refused_as_late_on_retry() -> None:
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=[_down, "Refunded."], clock=clock, expires_after=60
+    )
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    clock.advance(120)  # the request has expired by the time the answer is retried
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert ("completed", "Refunded.") == (result.status, result.output)
+    assert ["approve"] == [decision.action for decision in result.decisions]
+    assert 1 == len(payments.attempts)
+
+
+async def test_expire_after_a_failed_attempt_keeps_the_recorded_answer() -> None:
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=[_down, "Refunded."], clock=clock, expires_after=60
+    )
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    clock.advance(120)
+
+    result = await rt.expire(agent, checkpoint_id=cp(first))
+
+    assert "completed" == result.status
+    assert ["approve"] == [decision.action for decision in result.decisions]
+    assert 1 == len(payments.attempts)
+
+
+async def test_edited_arguments_that_are_not_json_are_a_response_error() -> None:
+    rt, agent, payments, _, first = await refund_run(script=["Done."])
+
+    with pytest.raises(HumanResponseError, match=r"edited_arguments\['note'\]"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=approve(first, edited_arguments={"order_id": "1", "note": {1: "x"}}),
+        )
+    assert "pending" == (await rt.checkpoint_store.get(cp(first))).status  # type: ignore[union-attr]
+    assert [] == payments.attempts
+
+
+async def test_an_evolved_ask_human_still_stops_for_a_person() -> None:
+    tool = attrs.evolve(ask_human(), description="Ask the user.")
+    model = ScriptedModel([call("ask_human", id="q", kind="input", prompt="Which order?")])
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+
+    result = await rt.run(Agent("support", "Ask.", model, (tool,)), "Refund.")
+
+    assert "interrupted" == result.status
+    assert result.interruption is not None
+    assert "input" == result.interruption.kind
