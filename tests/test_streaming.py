@@ -964,3 +964,16 @@ async def test_a_model_without_stream_hands_out_its_reasoning_before_its_text() 
         e for e in events if isinstance(e, (ReasoningDelta, TextDelta))
     ]
     assert "42." == result.output
+
+
+async def test_a_scripted_model_streams_its_reasoning_before_its_text() -> None:
+    from runlet import ReasoningDelta, ReasoningPart
+
+    thought = Message("assistant", "42.", reasoning=(ReasoningPart("Six times seven."),))
+    model = ScriptedModel([thought], chunk_size=8)
+    events, result = await collect(Runtime(), Agent("a", "", model))
+
+    assert [ReasoningDelta("Six time"), ReasoningDelta("s seven."), TextDelta("42.")] == [
+        e for e in events if isinstance(e, (ReasoningDelta, TextDelta))
+    ]
+    assert thought == result.transcript[-1]

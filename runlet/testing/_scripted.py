@@ -11,7 +11,14 @@ from typing import Any, Union
 
 from .._errors import ConfigurationError, ModelError, ModelResponseError
 from .._messages import Message, ToolCall, Usage
-from .._model import ModelRequest, ModelResponse, ModelStreamItem, TextDelta, ToolCallDelta
+from .._model import (
+    ModelRequest,
+    ModelResponse,
+    ModelStreamItem,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 
 __all__ = ["ScriptExhaustedError", "ScriptItem", "ScriptedModel", "call"]
 
@@ -123,9 +130,9 @@ class ScriptedModel:
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelStreamItem]]:
         """Stream the next scripted answer: use as ``async with model.stream(request) as
-        items: async for item in items: ...``. The items are text deltas, tool-call deltas
-        (arguments cut into ``chunk_size`` pieces), then the complete
-        :class:`~runlet.ModelResponse`.
+        items: async for item in items: ...``. The items are reasoning deltas (the text of
+        each reasoning part), text deltas, tool-call deltas (all cut into ``chunk_size``
+        pieces), then the complete :class:`~runlet.ModelResponse`.
 
         Raises:
             ScriptExhaustedError: On entering, when the script has no answer left.
@@ -144,6 +151,9 @@ class ScriptedModel:
 
     async def _chunks(self, response: ModelResponse) -> AsyncGenerator[ModelStreamItem, None]:
         message = response.message
+        for part in message.reasoning:  # first, as a model thinks before it answers
+            for piece in self._cut(part.text):
+                yield ReasoningDelta(piece)
         for piece in self._cut(message.content):
             yield TextDelta(piece)
         for index, tool_call in enumerate(message.tool_calls):
