@@ -755,6 +755,8 @@ class TestInStreamErrors:
             ({"message": "vLLM says no", "type": "BadRequestError", "code": 400}, 400),
             ({"message": "Busy", "code": 503}, 503),
             ({"message": "Unknown", "type": "mystery_error"}, 500),
+            ({"message": "Odd code", "code": 1234}, 500),
+            ({"message": "Not an error code", "code": 200}, 500),
         ],
     )
     async def test_the_status_openai_would_answer(
