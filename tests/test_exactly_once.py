@@ -1293,7 +1293,8 @@ async def test_expire_after_a_failed_attempt_keeps_the_recorded_answer() -> None
 async def test_edited_arguments_that_are_not_json_are_a_response_error() -> None:
     rt, agent, payments, _, first = await refund_run(script=["Done."])
 
-    with pytest.raises(HumanResponseError, match=r"edited_arguments\['note'\]"):
+    # Which check refuses them depends on the jsonschema-rs version; the class does not.
+    with pytest.raises(HumanResponseError, match="edited_arguments"):
         await rt.resume(
             agent,
             checkpoint_id=cp(first),
