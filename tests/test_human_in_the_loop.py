@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 import runlet
@@ -431,6 +432,24 @@ async def test_invalid_ask_human_arguments_go_back_to_the_model(arguments: dict[
     assert error == model.requests[1].messages[-1].tool_result
 
 
+async def test_a_tool_of_ones_own_named_ask_human_is_an_ordinary_tool() -> None:
+    async def page(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return f"Paged {arguments['who']}."
+
+    schema = {"type": "object", "required": ["who"], "properties": {"who": {"type": "string"}}}
+    tool = ToolSpec("ask_human", "Page a person.", schema, page, requires_approval=True)
+    model = ScriptedModel([call("ask_human", id="c", who="ann"), "Ok."])
+    rt = runtime()
+    agent = Agent("pager", "Page when stuck.", model, (tool,))
+    first = await interrupt(rt, agent, "Help.")
+    assert first.interruption is not None
+    assert "approval" == first.interruption.kind
+
+    result = await resume(rt, agent, first, respond(first, "approve"))
+
+    assert [ToolResult("c", "Paged ann.")] == tool_results(result.transcript)
+
+
 async def test_duplicate_option_ids_are_named_in_the_error() -> None:
     options = [{"id": "a", "label": "A"}, {"id": "a", "label": "Also A"}]
     model = ScriptedModel(
@@ -625,6 +644,28 @@ def test_human_response_accepts_sensible_answers() -> None:
     assert HumanResponse("r", "reject").edited_arguments is None
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"action": "approve"},
+        {"action": "approve", "edited_arguments": {"order_id": "2"}, "responded_by": "ann"},
+        {"action": "reject", "value": "duplicate", "metadata": {"ticket": 7}},
+    ],
+    ids=["approve", "approve-edited", "reject"],
+)
+async def test_a_decision_gives_back_the_response_it_recorded(fields: dict[str, Any]) -> None:
+    rt, agent, _, _, first = await approval_setup()
+    assert first.interruption is not None
+    response = HumanResponse(first.interruption.id, **fields)
+
+    [decision] = (await resume(rt, agent, first, response)).decisions
+
+    assert response == decision.as_response()
+    assert decision.answers_like(response)
+    assert not decision.answers_like(attrs.evolve(response, request_id="req_other"))
+    assert attrs.evolve(decision, action="expire").as_response() is None
+
+
 # --- Nothing lost ------------------------------------------------------------------------
 
 
@@ -705,6 +746,19 @@ async def test_resume_refuses_something_that_is_not_a_human_response() -> None:
     with pytest.raises(runlet.HumanResponseError, match="needs a HumanResponse, got str"):
         await rt.resume(agent, checkpoint_id=first.checkpoint_id, response="approve")  # type: ignore[arg-type]
     await assert_still_resumable(rt, agent, first, handler)
+
+
+async def test_resume_accepts_an_applications_own_kind_of_human_response() -> None:
+    @attrs.frozen
+    class Answer(HumanResponse):
+        ticket_url: str = attrs.field(default="", kw_only=True)
+
+    rt, agent, handler, _, first = await approval_setup()
+    assert first.interruption is not None
+
+    result = await resume(rt, agent, first, Answer(first.interruption.id, "approve"))
+
+    assert ("completed", [{"order_id": "1"}]) == (result.status, handler.calls)
 
 
 async def test_edited_arguments_that_are_not_json_are_refused() -> None:
