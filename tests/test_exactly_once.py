@@ -247,6 +247,69 @@ async def test_a_web_handler_tells_the_failure_cases_apart_by_class() -> None:
     assert other.status == "interrupted"
 
 
+ANSWERED = {"edited_arguments": {"order_id": "9"}, "responded_by": "ann", "metadata": {"t": 1}}
+
+
+@pytest.mark.parametrize(
+    ("given", "repeated"),
+    [
+        (ANSWERED, {**ANSWERED, "edited_arguments": {"order_id": "8"}}),
+        (ANSWERED, {**ANSWERED, "edited_arguments": None}),
+        ({**ANSWERED, "edited_arguments": None}, ANSWERED),
+        (ANSWERED, {**ANSWERED, "metadata": {"t": 2}}),
+        (ANSWERED, {**ANSWERED, "metadata": None}),
+        (ANSWERED, {**ANSWERED, "responded_by": "bob"}),
+        ({"action": "reject", "value": "too much"}, {"action": "reject", "value": "fraud"}),
+        ({"action": "reject", "value": "too much"}, {"action": "reject"}),
+        ({"action": "reject"}, {}),
+    ],
+    ids=[
+        "other-edit",
+        "edit-left-out",
+        "edit-added",
+        "other-metadata",
+        "metadata-left-out",
+        "other-person",
+        "other-reason",
+        "reason-left-out",
+        "other-action",
+    ],
+)
+async def test_a_repeat_that_differs_in_any_field_is_a_conflict(
+    given: dict[str, Any], repeated: dict[str, Any]
+) -> None:
+    rt, agent, payments, model, first = await refund_run(script=["Done."])
+    request_id = approve(first).request_id
+    fields = {"action": "approve", **given}
+    done = await rt.resume(
+        agent, checkpoint_id=cp(first), response=HumanResponse(request_id, **fields)
+    )
+
+    with pytest.raises(HumanResponseConflictError, match="already resolved with other answers"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=HumanResponse(request_id, **{"action": "approve", **repeated}),
+        )
+
+    assert done == await rt.resume(
+        agent, checkpoint_id=cp(first), response=HumanResponse(request_id, **fields)
+    )
+    assert 2 == len(model.requests)  # the repeats asked neither the model nor the tool
+    assert (1 if "approve" == fields["action"] else 0) == len(payments.attempts)
+
+
+async def test_an_unknown_request_id_after_the_run_went_on_is_a_conflict() -> None:
+    rt, agent, _, _, first = await refund_run(script=[call("refund", id="c2", order_id="2")])
+    second = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert second.checkpoint_id is not None
+
+    with pytest.raises(HumanResponseConflictError, match=f"now waits at checkpoint '{cp(second)}'"):
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")
+        )
+
+
 # --- Cut off inside the handler ------------------------------------------------------------
 
 
@@ -1088,6 +1151,52 @@ async def test_a_resume_that_loses_the_race_to_finish_returns_the_stored_result(
     done = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert done == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert 1 == len(payments.attempts)
+
+
+async def test_a_lost_race_returns_the_stored_result_from_a_store_that_did_not_attach_it() -> None:
+    class Terse(InMemoryCheckpointStore):
+        """Reports the checkpoint pending, then refuses the claim without the outcome, as
+        a store of its own may."""
+
+        racing = False
+
+        async def get(self, checkpoint_id: str) -> runlet.StoredCheckpoint:
+            stored = await super().get(checkpoint_id)
+            if self.racing:  # the first read only, from before another resume finished
+                self.racing = False
+                return attrs.evolve(stored, status="pending", resolution=None)
+            return stored
+
+        async def claim(self, checkpoint_id: str) -> runlet.Claim:
+            try:
+                return await super().claim(checkpoint_id)
+            except CheckpointResolvedError as exc:
+                raise CheckpointResolvedError(str(exc), checkpoint_id=checkpoint_id) from None
+
+    store = Terse()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    done = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    store.racing = True
+
+    assert done == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert 1 == len(payments.attempts)
+
+
+async def test_a_resume_goes_on_from_the_records_its_claim_returns() -> None:
+    class Stale(InMemoryCheckpointStore):
+        """Reads the records as they were before another attempt recorded its work."""
+
+        async def get(self, checkpoint_id: str) -> runlet.StoredCheckpoint:
+            return attrs.evolve(await super().get(checkpoint_id), records=())
+
+    rt, agent, payments, model, first = await refund_run(store=Stale(), script=[_down, "Done."])
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert ("completed", 1) == (result.status, len(payments.attempts))
+    assert "Refunded order 1." == model.requests[-1].messages[-1].content
 
 
 async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
