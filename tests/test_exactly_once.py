@@ -187,6 +187,25 @@ async def test_results_of_calls_that_ran_beside_the_approval_are_not_run_again()
     ]
 
 
+async def test_a_rejection_is_recorded_with_its_result_and_shown_again_on_retry() -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    store = InMemoryCheckpointStore()
+    rt, agent, payments, model, first = await refund_run(store=store, script=[down, "Ok."])
+    reject = HumanResponse(approve(first).request_id, "reject", "duplicate")
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=reject)
+    [recorded] = (await store.get(cp(first))).records
+
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=reject)
+
+    rejection = runlet.ToolResult("c1", f"{runlet.REJECTION_MESSAGE} Reason: duplicate", True)
+    assert rejection == recorded.result
+    assert rejection == model.requests[-1].messages[-1].tool_result
+    assert ("completed", []) == (result.status, payments.attempts)
+
+
 async def test_the_first_accepted_answer_is_final_even_before_the_resume_finished() -> None:
     def down(request: runlet.ModelRequest) -> str:
         raise OSError("model is down")
@@ -367,6 +386,38 @@ async def test_a_non_idempotent_call_cut_off_is_asked_about_again() -> None:
     assert runlet.REJECTION_MESSAGE == rejected.transcript[-2].content
     assert 1 == len(payments.attempts)
     assert ["approve", "reject"] == [d.action for d in rejected.decisions]
+
+
+async def test_a_call_asked_about_again_gets_a_fresh_request_that_expires_in_full() -> None:
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=["Done."], clock=clock, expires_after=600
+    )
+    clock.advance(500)
+    payments.block = anyio.Event()
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+        group.start_soon(attempt)
+        await payments.entered.wait()
+        group.cancel_scope.cancel()
+    payments.block = None
+    clock.advance(200)  # past the first request's expiry
+
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    request = again.interruption
+    assert request is not None
+    assert request.id != approve(first).request_id
+    assert (clock.now, clock.now + datetime.timedelta(seconds=600)) == (
+        request.created_at,
+        request.expires_at,
+    )
+    clock.advance(599)
+    done = await rt.resume(agent, checkpoint_id=cp(again), response=approve(again))
+    assert "completed" == done.status
 
 
 async def test_an_edited_call_cut_off_is_asked_about_with_the_edited_arguments() -> None:
@@ -586,6 +637,21 @@ async def test_cancel_retires_without_running_anything() -> None:
     with pytest.raises(CheckpointCancelledError):
         await rt.expire(agent, checkpoint_id=cp(first))
     assert ([], 1) == (payments.attempts, len(model.requests))
+
+
+async def test_a_cancelled_checkpoint_says_so_even_to_an_answer_that_came_too_late() -> None:
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(clock=clock, expires_after=60)
+    await rt.cancel(cp(first))
+    clock.advance(120)
+
+    with pytest.raises(CheckpointCancelledError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    with pytest.raises(CheckpointCancelledError):
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")
+        )
+    assert [] == payments.attempts
 
 
 async def test_cancel_of_an_answered_checkpoint_is_refused() -> None:
