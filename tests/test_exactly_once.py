@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -773,6 +774,35 @@ async def test_the_claim_is_renewed_while_a_slow_tool_runs() -> None:
     assert "completed" == result.status
 
 
+async def test_the_claim_is_renewed_before_its_lease_runs_out() -> None:
+    lease = 0.6
+    renewed = anyio.Event()
+
+    class Timed(InMemoryCheckpointStore):
+        claimed_at = 0.0
+        renewed_after: float | None = None
+
+        async def claim(self, checkpoint_id: str) -> runlet.Claim:
+            self.claimed_at = time.monotonic()
+            return await super().claim(checkpoint_id)
+
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            if self.renewed_after is None:
+                self.renewed_after = time.monotonic() - self.claimed_at
+            await super().renew(checkpoint_id, token)
+            renewed.set()
+
+    store = Timed(lease=lease)
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    payments.block = renewed
+    with anyio.fail_after(30):
+        result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == result.status
+    assert store.renewed_after is not None
+    assert store.renewed_after < lease  # every third of it, so one late wake-up does no harm
+
+
 async def test_a_lost_lease_stops_the_resume() -> None:
     class Losing(InMemoryCheckpointStore):
         async def renew(self, checkpoint_id: str, token: str) -> None:
@@ -1427,6 +1457,43 @@ async def test_a_store_failure_among_several_approved_calls_is_raised_as_itself(
     result = await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
     assert "completed" == result.status
     assert ["1", "2"] == sorted(payments.paid.values())
+
+
+async def test_a_store_failure_among_several_approved_calls_stops_the_others() -> None:
+    class Failing(InMemoryCheckpointStore):
+        async def record(
+            self, checkpoint_id: str, token: str, records: Sequence[CallRecord]
+        ) -> None:
+            if any(record.result is not None for record in records):
+                raise OSError("disk full")
+            await super().record(checkpoint_id, token, records)
+
+    slow_started = anyio.Event()
+    finished: list[str] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        if "2" == arguments["order_id"]:
+            slow_started.set()
+            await anyio.Event().wait()  # runs until the failure beside it stops it
+        else:
+            await slow_started.wait()
+        finished.append(arguments["order_id"])
+        return "Refunded."
+
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    store = Failing()
+    rt = Runtime(checkpoint_store=store)
+    tool = ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, refund, requires_approval=True)
+    first = await rt.run(agent_with(model, tool), "Refund both.")
+    answers = [HumanResponse(r.id, "approve") for r in first.pending_requests]
+
+    with anyio.fail_after(10), pytest.raises(OSError, match="disk full"):
+        await rt.resume(agent_with(model, tool), checkpoint_id=cp(first), responses=answers)
+
+    assert ["1"] == finished
+    assert "pending" == (await store.get(cp(first))).status
 
 
 def _down(request: runlet.ModelRequest) -> str:
