@@ -912,6 +912,36 @@ async def test_stream_resume_gives_the_same_events_and_result_as_stream() -> Non
     assert s.result == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
 
+async def test_stream_resume_reports_the_next_interruption_only_once_it_is_saved() -> None:
+    class Failing(InMemoryCheckpointStore):
+        async def resolve(
+            self,
+            checkpoint_id: str,
+            token: str,
+            resolution: Resolution,
+            next_checkpoint: Checkpoint | None = None,
+        ) -> None:
+            raise OSError("disk full")
+
+    store = Failing()
+    rt, agent, _, _, first = await refund_run(
+        store=store, script=[call("refund", id="c2", order_id="2")]
+    )
+    events: list[runlet.StreamEvent] = []
+
+    async def watch() -> None:
+        async with rt.stream_resume(agent, checkpoint_id=cp(first), response=approve(first)) as s:
+            async for event in s:
+                events.append(event)  # noqa: PERF401 - the events before the error count
+
+    with pytest.raises(OSError, match="disk full"):
+        await watch()
+
+    assert "MessageCompleted" == type(events[-1]).__name__  # the model asked for c2 ...
+    assert not any(isinstance(event, runlet.Interrupted) for event in events)  # ... no more
+    assert 1 == len(store)  # the first checkpoint, released; nothing saved for c2
+
+
 async def test_stream_resume_raises_a_bad_response_from_the_iteration() -> None:
     rt, agent, payments, _, first = await refund_run()
     with pytest.raises(HumanResponseError):
