@@ -576,7 +576,9 @@ def _repeat(
         )
     decisions = {decision.request_id: decision for decision in resolution.decisions}
     if responses is None:
-        if decisions and all(d.action == "expire" for d in decisions.values()):
+        # Only expire() decides "expire": if one did, an expire() resolved it (any other
+        # decision is an answer recorded by an earlier, failed attempt).
+        if any(d.action == "expire" for d in decisions.values()):
             return resolution.result
         raise CheckpointResolvedError(
             f"Checkpoint {checkpoint_id!r} was already answered, so it cannot expire.",

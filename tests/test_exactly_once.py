@@ -775,7 +775,7 @@ async def test_the_claim_is_renewed_while_a_slow_tool_runs() -> None:
 
 
 async def test_the_claim_is_renewed_before_its_lease_runs_out() -> None:
-    lease = 0.6
+    lease = 1.5  # renewed after 0.5 s: a second of slack for a loaded machine
     renewed = anyio.Event()
 
     class Timed(InMemoryCheckpointStore):
@@ -1559,6 +1559,42 @@ async def test_expire_after_a_failed_attempt_keeps_the_recorded_answer() -> None
 
     assert "completed" == result.status
     assert ["approve"] == [decision.action for decision in result.decisions]
+    assert 1 == len(payments.attempts)
+
+
+async def test_expire_repeated_after_a_failed_attempt_returns_its_result() -> None:
+    class FailingOnce(InMemoryCheckpointStore):
+        failed = False
+
+        async def resolve(
+            self,
+            checkpoint_id: str,
+            token: str,
+            resolution: runlet.Resolution,
+            next_checkpoint: runlet.Checkpoint | None = None,
+        ) -> None:
+            if not self.failed:
+                self.failed = True
+                raise OSError("connection lost")
+            await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
+
+    clock = Clock()
+    payments = Payments()
+    model = ScriptedModel(
+        [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
+    )
+    agent = agent_with(model, refund_spec(payments, expires_after=60))
+    rt = Runtime(checkpoint_store=FailingOnce(), clock=clock)
+    first = await rt.run(agent, "Refund both.")
+    one = HumanResponse(first.pending_requests[0].id, "approve")
+    with pytest.raises(OSError, match="connection lost"):  # recorded, then not resolved
+        await rt.resume(agent, checkpoint_id=cp(first), responses=[one])
+    clock.advance(120)
+
+    result = await rt.expire(agent, checkpoint_id=cp(first))
+
+    assert ["approve", "expire"] == [decision.action for decision in result.decisions]
+    assert result == await rt.expire(agent, checkpoint_id=cp(first))
     assert 1 == len(payments.attempts)
 
 
