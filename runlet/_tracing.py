@@ -488,19 +488,10 @@ class RunTrace:
     # -- endings --------------------------------------------------------------------------
 
     def _error(self, span: Span, error_type: str, description: str | None) -> None:
-        span.set_attribute(ERROR_TYPE, error_type)
-        span.set_status(self._api.Status(self._api.StatusCode.ERROR, description))
+        _set_error(self._api, span, error_type, description)
 
     def _close(self, span: Span, token: Token[Context] | None, exc: BaseException | None) -> None:
-        try:
-            if exc is not None:
-                error_type = _error_type(exc)
-                if error_type != "cancelled":
-                    span.record_exception(exc)
-                self._error(span, error_type, _describe(exc))
-            span.end()
-        finally:
-            self._api.context.detach(token)
+        _end(self._api, span, token, exc)
 
 
 # -- entry points for the runtime ---------------------------------------------------------
@@ -608,13 +599,27 @@ class _Span:
     ) -> None:
         span = self._span
         assert span is not None
-        try:
-            if exc is not None:
-                span.set_attribute(ERROR_TYPE, _error_type(exc))
-                span.set_status(self._api.Status(self._api.StatusCode.ERROR, _describe(exc)))
-            span.end()
-        finally:
-            self._api.context.detach(self._token)
+        _end(self._api, span, self._token, exc)
+
+
+def _set_error(api: _Api, span: Span, error_type: str, description: str | None) -> None:
+    span.set_attribute(ERROR_TYPE, error_type)
+    span.set_status(api.Status(api.StatusCode.ERROR, description))
+
+
+def _end(api: _Api, span: Span, token: Token[Context] | None, exc: BaseException | None) -> None:
+    """End *span*, made current with *token*: when *exc* passes through, with an error
+    status and type, and (unless it is a cancellation, which is no failure of its own)
+    the exception recorded on the span."""
+    try:
+        if exc is not None:
+            error_type = _error_type(exc)
+            if error_type != "cancelled":
+                span.record_exception(exc)
+            _set_error(api, span, error_type, _describe(exc))
+        span.end()
+    finally:
+        api.context.detach(token)
 
 
 def _links(api: _Api, checkpoint: Any) -> list[Any]:

@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from runlet import (
     Agent,
     Checkpoint,
+    CheckpointNotFoundError,
     HumanResponse,
     InMemoryCheckpointStore,
     ModelError,
@@ -909,6 +910,52 @@ async def test_expiry_and_cancel_helpers_record_the_checkpoint_and_run(
     assert attrs_of(unknown)["runlet.checkpoint_id"] == "cp_gone"
     assert attrs_of(unknown)["error.type"] == "KeyError"
     assert unknown.status.status_code == StatusCode.ERROR
+
+
+class StuckCancelStore(InMemoryCheckpointStore):
+    """A store whose cancel() waits until it is cancelled itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelling = anyio.Event()
+
+    async def cancel(self, checkpoint_id: str) -> None:
+        self.cancelling.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_failed_cancel_records_its_exception_like_the_run_spans(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    with provider.get_tracer("app").start_as_current_span("request") as outer:
+        with pytest.raises(CheckpointNotFoundError) as caught:
+            await runtime.cancel("cp_gone")
+        # The cancel span is no longer current once cancel() returned.
+        assert opentelemetry.trace.get_current_span() is outer
+    failed = one(exporter.get_finished_spans(), "cancel_checkpoint")
+    assert parent_of(failed) == span_id(one(exporter.get_finished_spans(), "request"))
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.status.description == f"CheckpointNotFoundError: {caught.value}"
+    assert attrs_of(failed)["error.type"] == "CheckpointNotFoundError"
+    [event] = failed.events
+    assert event.name == "exception"
+    assert dict(event.attributes or {})["exception.type"] == "runlet.CheckpointNotFoundError"
+
+    # A cancelled cancel() is marked as such, with no exception recorded.
+    exporter.clear()
+    store = StuckCancelStore()
+    runtime = Runtime(store, tracer_provider=provider)
+    with anyio.fail_after(GUARD):
+        async with anyio.create_task_group() as group:
+            group.start_soon(runtime.cancel, "cp_1")
+            await store.cancelling.wait()
+            group.cancel_scope.cancel()
+    [cancelled] = exporter.get_finished_spans()
+    assert cancelled.status.status_code == StatusCode.ERROR
+    assert cancelled.status.description == "cancelled"
+    assert attrs_of(cancelled)["error.type"] == "cancelled"
+    assert cancelled.events == ()
 
 
 # --- off, and deciding once per run -----------------------------------------------------
