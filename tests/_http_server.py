@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import json
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,7 +47,10 @@ class Reply:
         headers: Extra response headers; a ``content-type`` here replaces the usual one
             (an empty one sends none).
         events: A server-sent event stream: each string is sent as one chunk.
-        cut_after: With ``events``, drop the connection after this many chunks.
+        cut_after: With ``events``, drop the connection after this many chunks (with
+            ``len(events)``, right after the last one, without ending the body).
+        reset: With ``events``, reset the connection (a TCP RST) right after the last
+            chunk, instead of ending the body.
         hang: Send nothing until the test releases the server.
     """
 
@@ -55,6 +60,7 @@ class Reply:
     headers: Mapping[str, str] = attrs.field(factory=dict)
     events: tuple[str, ...] | None = None
     cut_after: int | None = None
+    reset: bool = False
     hang: bool = False
 
 
@@ -188,6 +194,17 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 data = event.encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
+            if reply.reset:
+                # Close with SO_LINGER 0: the kernel answers with a RST, not a FIN.
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
+                self.close_connection = True
+                return
+            if reply.cut_after is not None:  # cut after every chunk: no closing chunk
+                self.close_connection = True
+                return
             self.wfile.write(b"0\r\n\r\n")
 
     return Handler

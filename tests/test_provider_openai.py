@@ -208,6 +208,21 @@ class TestComplete:
         assert call.arguments == {}
         assert response.usage == Usage(requests=1)
 
+    async def test_only_the_first_choice_is_the_answer(self, server: ModelServer) -> None:
+        answer = openai_completion("First.", [("c1", "weather", '{"city": "Oslo"}')])
+        second = {
+            "index": 1,
+            "message": {"role": "assistant", "content": "Second."},
+            "finish_reason": "stop",
+        }
+        answer["choices"].append(second)
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,)))
+        assert response.message == Message.assistant(
+            "First.", [ToolCall("c1", "weather", {"city": "Oslo"})]
+        )
+
     async def test_no_key_sends_no_authorization(
         self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -457,6 +472,57 @@ class TestStreaming:
                 await collect_into(seen, model, ask())
         assert len(seen) == 3
         assert all(isinstance(item, TextDelta) for item in seen)
+
+    @pytest.mark.parametrize("drop", ["reset", "close"])
+    async def test_a_connection_dropped_right_after_done_keeps_the_answer(
+        self, server: ModelServer, drop: str
+    ) -> None:
+        # The answer is complete at [DONE]: losing the rest of the body (the closing
+        # chunk) to a reset or an abrupt close is no reason to drop it, nor to retry.
+        events = openai_stream("All of it.", usage=(3, 2))
+        if drop == "reset":
+            server.reply(Reply(events=events, reset=True))
+        else:
+            server.reply(Reply(events=events, cut_after=len(events)))
+        async with make(server) as model:
+            items = await collect(model, ask())
+            assert items[-1] == ModelResponse(Message.assistant("All of it."), Usage(3, 2, 1))
+            assert len(server.requests) == 1
+            server.reply(Reply(json=openai_completion("Again.")))
+            assert (await model.complete(ask())).message.content == "Again."
+
+    async def test_a_stream_reset_before_done_is_cut_off(self, server: ModelServer) -> None:
+        events = openai_stream("Most of it.")[:-1]  # everything but [DONE], then a reset
+        server.reply(Reply(events=events, reset=True))
+        async with make(server) as model:
+            with pytest.raises(ModelConnectionError, match="cut off"):
+                await collect(model, ask())
+        assert len(server.requests) == 1
+
+    async def test_only_the_first_choice_is_streamed(self, server: ModelServer) -> None:
+        def other(delta: dict[str, Any], finish: str | None = None) -> str:
+            choice = {"index": 1, "delta": delta, "finish_reason": finish}
+            return sse({"object": "chat.completion.chunk", "choices": [choice]})
+
+        call = {"index": 0, "id": "c2", "function": {"name": "weather", "arguments": "{}"}}
+        events = (
+            sse({"choices": [{"delta": {"content": "One"}}]}),  # no index: the first choice
+            other({"content": "Two"}),
+            other({"reasoning_content": "Thinking twice."}),
+            other({"tool_calls": [call]}),
+            openai_chunk({"content": " answer."}),
+            other({}, "tool_calls"),
+            openai_chunk({}, "stop"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server, stream_usage=False) as model:
+            items = await collect(model, ask())
+        assert items == [
+            TextDelta("One"),
+            TextDelta(" answer."),
+            ModelResponse(Message.assistant("One answer."), Usage(requests=1)),
+        ]
 
     async def test_stream_that_ends_early_is_malformed(self, server: ModelServer) -> None:
         server.reply(Reply(events=openai_stream("Hello")[:2]))
