@@ -335,7 +335,7 @@ class TestLimits:
         assert caught.value.max_turns == 4
         assert len(model.requests) == 4
 
-    @pytest.mark.parametrize("bad", [0, -1, 1.5, "3"])
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, "3", True])
     def test_max_turns_must_be_a_positive_int(self, bad: Any) -> None:
         with pytest.raises(ConfigurationError, match="max_turns"):
             Runtime(max_turns=bad)
@@ -376,6 +376,17 @@ class TestModelErrors:
 
         with pytest.raises(ModelResponseError, match=message):
             await Runtime().run(agent(Odd()), "hi")
+
+    async def test_a_subclass_of_model_response_is_a_usable_answer(self) -> None:
+        class TimedResponse(ModelResponse):
+            pass
+
+        class Timed:
+            async def complete(self, request: ModelRequest) -> ModelResponse:
+                return TimedResponse(Message.assistant("On time."), Usage(requests=1))
+
+        result = await Runtime().run(agent(Timed()), "hi")
+        assert result.output == "On time."
 
 
 class TestCancellation:

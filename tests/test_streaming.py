@@ -314,6 +314,28 @@ async def test_interrupted_is_sent_only_after_the_checkpoint_is_saved() -> None:
     assert ToolCallStarted not in kinds(events)
 
 
+class BrokenDiskStore(InMemoryCheckpointStore):
+    """A store whose save fails as a store of one's own may: not with a RunletError."""
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        await anyio.lowlevel.checkpoint()
+        raise OSError("disk full")
+
+
+async def test_a_checkpoint_that_could_not_be_saved_is_never_announced() -> None:
+    agent = Agent(
+        "a",
+        "",
+        ScriptedModel([call("delete", path="/tmp/x", id="c1")]),
+        tools=[tool("delete", echo, requires_approval=True)],
+    )
+    events: list[StreamEvent] = []
+    with pytest.raises(OSError, match="disk full") as caught:
+        await collect_into(events, Runtime(BrokenDiskStore()), agent)
+    assert type(caught.value) is OSError  # the store's own error, unwrapped
+    assert kinds(events) == [ToolCallDelta, MessageCompleted]  # no Interrupted
+
+
 # --- 2. events arrive as things happen -----------------------------------------------
 
 
@@ -895,6 +917,8 @@ async def test_a_stream_must_be_entered_once_and_iterated_inside() -> None:
                 await stream.__aenter__()
             events = [event async for event in stream]
     assert events[-1] == RunFinished(stream.result)
+    # Once the block has exited, iterating again simply ends.
+    assert [event async for event in stream] == []
 
 
 # --- 6. backpressure ------------------------------------------------------------------
@@ -956,7 +980,9 @@ def test_stream_buffer_size_is_positive() -> None:
 async def test_a_model_without_stream_hands_out_its_reasoning_before_its_text() -> None:
     from runlet import ReasoningDelta, ReasoningPart
 
-    thought = Message("assistant", "42.", reasoning=(ReasoningPart("Six times seven."),))
+    # A redacted part has no text to hand out: it gets no (empty) delta.
+    redacted = ReasoningPart(redacted_data="opaque", provider="anthropic")
+    thought = Message("assistant", "42.", reasoning=(redacted, ReasoningPart("Six times seven.")))
     model = CompleteOnlyModel([ModelResponse(thought)])
     events, result = await collect(Runtime(), Agent("a", "", model))
 
