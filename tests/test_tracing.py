@@ -148,8 +148,16 @@ def trace_id(span: ReadableSpan) -> int:
 
 # --- a plain run -------------------------------------------------------------------------
 
-# Settings the conventions name become request attributes; others (and non-numbers) do not.
-OPTIONS = {"temperature": 0.5, "top_p": 0.9, "max_tokens": 100, "seed": 7, "logprobs": True}
+# Settings the conventions name become request attributes; others (and non-numbers, a
+# bool included) do not.
+OPTIONS = {
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "max_tokens": 100,
+    "max_output_tokens": True,
+    "seed": 7,
+    "logprobs": True,
+}
 
 
 @pytest.mark.parametrize("mode", ["run", "stream"])
@@ -245,6 +253,19 @@ async def test_a_model_without_a_name_gives_plain_chat_spans(
         assert span.attributes["gen_ai.provider.name"] == "_OTHER"
         assert "gen_ai.request.model" not in span.attributes
 
+    # Empty names count as none.
+    class Blank(ScriptedModel):
+        model = ""
+        provider_name = ""
+
+    exporter.clear()
+    await Runtime(tracer_provider=provider).run(weather_agent(Blank(["Hi."])), "Hello")
+    spans = exporter.get_finished_spans()
+    assert tree(spans) == [("invoke_agent weather", [("chat", [])])]
+    for span in spans:
+        assert attrs_of(span)["gen_ai.provider.name"] == "_OTHER"
+        assert "gen_ai.request.model" not in attrs_of(span)
+
 
 async def test_the_http_adapters_name_their_provider_and_model(
     provider: TracerProvider, exporter: InMemorySpanExporter
@@ -339,7 +360,7 @@ async def test_contents_are_recorded_only_when_the_application_opts_in(
 
     # The conventions' environment variable switches it on when the runtime leaves it
     # open; an explicit trace_content=False wins over it.
-    monkeypatch.setenv(CONTENT_ENV, "true")
+    monkeypatch.setenv(CONTENT_ENV, "True")
     exporter.clear()
     await Runtime(tracer_provider=provider).run(weather_agent(script()), "Weather?")
     assert "gen_ai.tool.call.arguments" in content_keys(exporter.get_finished_spans())
@@ -758,6 +779,53 @@ async def test_several_decisions_become_one_event_each(
     ]
 
 
+@pytest.mark.parametrize(
+    ("content", "changes", "recorded"),
+    [
+        # The arguments the model sent are on the tool call's span already.
+        (True, {}, {}),
+        (True, {"arguments": {"city": "Oslo"}, "edited": True}, {"arguments": '{"city": "Oslo"}'}),
+        (False, {"arguments": {"city": "Oslo"}, "edited": True}, {}),
+        (True, {"action": "select", "value": "b", "arguments": None}, {"value": "b"}),
+        (False, {"action": "select", "value": "b", "arguments": None}, {}),
+    ],
+)
+async def test_a_decision_s_value_and_edited_arguments_are_contents(
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    content: bool,
+    changes: dict[str, Any],
+    recorded: dict[str, Any],
+) -> None:
+    decision = SimpleNamespace(
+        **{
+            "request_id": "req_1",
+            "kind": "approval",
+            "tool_call_id": "call_1",
+            "action": "approve",
+            "value": None,
+            "arguments": {"city": "Paris"},
+            "edited": False,
+            "responded_by": None,
+            **changes,
+        }
+    )
+    agent = weather_agent(NamedModel([]))
+    with resume_span(Tracing(provider, content), agent, "cp_1", []) as trace:
+        assert trace is not None
+        trace.resumed(SimpleNamespace(run_id="run_1"), [decision])  # type: ignore[arg-type,list-item]
+    [span] = exporter.get_finished_spans()
+    [event] = span.events
+    for attributes in (attrs_of(span), dict(event.attributes or {})):
+        assert attributes["runlet.human.action"] == decision.action
+        found = {
+            key.removeprefix("runlet.human."): value
+            for key, value in attributes.items()
+            if key in ("runlet.human.value", "runlet.human.arguments")
+        }
+        assert found == recorded
+
+
 async def test_a_refused_response_ends_the_resume_span_with_an_error(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
@@ -846,6 +914,7 @@ async def test_span_reference_keeps_the_run_span_ids_as_json_for_a_linked_resume
     for bad in (
         {"trace_id": "zz", "span_id": "1"},
         {"span_id": "1"},
+        {"trace_id": 5, "span_id": 1},
         {"trace_id": "0", "span_id": "0"},
         "x",
     ):
