@@ -31,6 +31,7 @@ class Seen:
     path: str
     headers: Mapping[str, str]  # lower-cased names
     body: Any
+    client: tuple[str, int] = ("", 0)  # the client's address: one per connection
 
 
 Checker = Callable[[Seen], list[str]]
@@ -51,6 +52,8 @@ class Reply:
             ``len(events)``, right after the last one, without ending the body).
         reset: With ``events``, reset the connection (a TCP RST) right after the last
             chunk, instead of ending the body.
+        hold: With ``events``, keep the response open after the last chunk until the
+            test releases the server, then end the body.
         hang: Send nothing until the test releases the server.
     """
 
@@ -61,6 +64,7 @@ class Reply:
     events: tuple[str, ...] | None = None
     cut_after: int | None = None
     reset: bool = False
+    hold: bool = False
     hang: bool = False
 
 
@@ -155,7 +159,8 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = raw.decode(errors="replace")
             headers = {name.lower(): value for name, value in self.headers.items()}
-            reply = server._next(Seen(self.command, self.path, headers, body))
+            client = self.client_address[:2]
+            reply = server._next(Seen(self.command, self.path, headers, body, client))
             server.arrived.set()
             if reply.hang:
                 server.release.wait()
@@ -205,6 +210,8 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             if reply.cut_after is not None:  # cut after every chunk: no closing chunk
                 self.close_connection = True
                 return
+            if reply.hold:
+                server.release.wait()
             self.wfile.write(b"0\r\n\r\n")
 
     return Handler

@@ -85,6 +85,7 @@ class TestRetryAfter:
             ({"retry-after": "nan"}, None),
             ({"retry-after": "7", "retry-after-ms": "1500"}, 1.5),
             ({"retry-after": "7", "retry-after-ms": "junk"}, 7.0),
+            ({"retry-after-ms": "-500"}, 0.0),
             ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # in the past
         ],
     )

@@ -45,6 +45,7 @@ from runlet import (
     structure_checkpoint,
     unstructure_checkpoint,
 )
+from runlet.providers import _http
 from runlet.providers.openai import OpenAIChatModel
 
 pytestmark = pytest.mark.anyio
@@ -197,15 +198,19 @@ class TestComplete:
             "role": "assistant",
             "content": None,
             "refusal": "I can't help with that.",
-            "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": ""}}],
+            "tool_calls": [
+                {"type": "function", "function": {"name": "weather", "arguments": ""}},
+                {"id": "", "type": "function", "function": {"name": "weather", "arguments": " \n"}},
+            ],
         }
         server.reply(Reply(json=answer))
         async with make(server) as model:
             response = await model.complete(ask())
         assert response.message.content == "I can't help with that."
-        (call,) = response.message.tool_calls
-        assert call.id.startswith("call_0_")
-        assert call.arguments == {}
+        first, second = response.message.tool_calls
+        assert first.id.startswith("call_0_")
+        assert second.id.startswith("call_1_")
+        assert first.arguments == second.arguments == {}  # blank text: no arguments
         assert response.usage == Usage(requests=1)
 
     async def test_only_the_first_choice_is_the_answer(self, server: ModelServer) -> None:
@@ -250,6 +255,7 @@ class TestMalformedAnswers:
             (Reply(raw=b"<html>not json"), "not valid JSON"),
             (Reply(json={"choices": []}), "documented shape"),
             (Reply(json={"choices": [{"message": {"content": ["a"]}}]}), "not text"),
+            (Reply(json={"choices": [{"message": ["a"]}]}), "documented shape"),
             (
                 Reply(json=openai_completion(None, [("c1", "weather", '{"city": "Os')])),
                 "not valid JSON",
@@ -284,22 +290,25 @@ class TestErrorsAndRetries:
         assert len(server.requests) == 1
 
     @pytest.mark.parametrize(
-        ("status", "body", "words"),
+        ("status", "body", "message", "hint"),
         [
-            (401, {"error": "bad key"}, "Check the API key"),
-            (404, {"detail": "no such model"}, "Check base_url"),
-            (422, {"message": "bad field"}, "bad field"),
-            (403, "plain text", "plain text"),
+            (401, {"error": "bad key"}, "bad key", "Check the API key"),
+            (403, {"error": {"message": "not yours"}}, "not yours", "Check the API key"),
+            (404, {"detail": "no such model"}, "no such model", "Check base_url"),
+            (422, {"message": "bad field", "detail": "x"}, "bad field", ""),
+            (400, {"error": "", "detail": "empty error"}, "empty error", ""),
+            (403, "plain text", "plain text", "Check the API key"),
         ],
     )
     async def test_error_bodies_of_compatible_servers(
-        self, server: ModelServer, status: int, body: Any, words: str
+        self, server: ModelServer, status: int, body: Any, message: str, hint: str
     ) -> None:
         raw = body.encode() if isinstance(body, str) else None
         server.reply(Reply(status, body, raw=raw))
         async with make(server) as model:
-            with pytest.raises(ModelAPIError, match=words):
+            with pytest.raises(ModelAPIError, match=hint or None) as info:
                 await model.complete(ask())
+        assert (info.value.status_code, info.value.body) == (status, message)
 
     async def test_429_with_retry_after_then_success(self, server: ModelServer) -> None:
         limited = {"error": {"message": "Rate limit reached"}}
@@ -490,6 +499,27 @@ class TestStreaming:
             assert len(server.requests) == 1
             server.reply(Reply(json=openai_completion("Again.")))
             assert (await model.complete(ask())).message.content == "Again."
+
+    async def test_a_finished_stream_leaves_its_connection_for_the_next_request(
+        self, server: ModelServer
+    ) -> None:
+        server.reply(Reply(events=openai_stream("One.")), Reply(events=openai_stream("Two.")))
+        async with make(server) as model:
+            for text in ("One.", "Two."):
+                items = await collect(model, ask())
+                assert items[-1].message.content == text
+        first, second = server.requests
+        assert first.client == second.client  # one connection, read to its end and reused
+
+    async def test_a_stream_held_open_after_done_still_ends(
+        self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_http, "_TAIL_SECONDS", 0.01)  # instead of waiting 1 s
+        server.reply(Reply(events=openai_stream("Done."), hold=True))
+        async with make(server) as model:
+            with anyio.fail_after(5):  # a guard: the answer comes after the tail wait
+                items = await collect(model, ask())
+        assert items[-1] == ModelResponse(Message.assistant("Done."), Usage(11, 7, 1))
 
     async def test_a_stream_reset_before_done_is_cut_off(self, server: ModelServer) -> None:
         events = openai_stream("Most of it.")[:-1]  # everything but [DONE], then a reset
