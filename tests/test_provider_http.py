@@ -126,7 +126,9 @@ class TestRetryPolicy:
         [
             {"max_retries": -1},
             {"max_retries": 1.5},
+            {"max_retries": True},
             {"base_delay": -0.1},
+            {"base_delay": True},
             {"max_delay": float("nan")},
             {"deadline": "60"},
         ],
@@ -134,6 +136,10 @@ class TestRetryPolicy:
     def test_bad_settings(self, kwargs: dict[str, object]) -> None:
         with pytest.raises(ConfigurationError):
             RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+    def test_zero_is_a_setting(self) -> None:
+        policy = RetryPolicy(max_retries=0, base_delay=0, max_delay=0.0, deadline=0)
+        assert policy.delay(0, None, Highest()) == 0.0
 
     def test_adapters_check_their_retry_settings(self) -> None:
         with pytest.raises(ConfigurationError, match="max_retries"):
@@ -575,19 +581,23 @@ class TestErrorMessages:
         assert str(info.value) == expected
 
     @pytest.mark.anyio
-    async def test_connection_errors_read_as_sentences(self, harness: Harness) -> None:
+    @pytest.mark.parametrize(("retries", "tries"), [(1, " after 2 attempts"), (0, "")])
+    async def test_connection_errors_read_as_sentences(
+        self, harness: Harness, retries: int, tries: str
+    ) -> None:
         def refuse(request: httpx.Request) -> httpx.Response:
             raise httpx.ConnectError("All connection attempts failed", request=request)
 
         async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
             with pytest.raises(ModelConnectionError) as info:
-                await harness.model(client, max_retries=1).complete(REQUEST)
+                await harness.model(client, max_retries=retries).complete(REQUEST)
         assert str(info.value) == (
             "Could not reach the OpenAI Chat Completions API at "
-            "http://api.test/v1/chat/completions after 2 attempts: ConnectError: All "
+            f"http://api.test/v1/chat/completions{tries}: ConnectError: All "
             "connection attempts failed. Check base_url and that the server is up, then run "
             "again."
         )
+        assert isinstance(info.value.__cause__, httpx.ConnectError)
 
     @pytest.mark.anyio
     async def test_cut_off_streams_read_as_sentences(self, harness: Harness) -> None:

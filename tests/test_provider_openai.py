@@ -619,6 +619,27 @@ class TestStreaming:
             server.reply(Reply(json=openai_completion("again")))
             assert (await model.complete(ask())).message.content == "again"
 
+    async def test_a_stream_left_early_does_not_wait_for_the_rest(
+        self, server: ModelServer
+    ) -> None:
+        server.reply(Reply(events=openai_stream("one two three four"), hold=True))
+        async with make(server) as model:
+            with anyio.fail_after(5):  # a guard: the server never ends this body
+                async with model.stream(ask()) as items:
+                    async for item in items:
+                        assert item == TextDelta("one")
+                        break
+
+    async def test_a_stream_left_unread_frees_its_connection(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("Unread.")), Reply(json=openai_completion("ok")))
+        limits = httpx.Limits(max_connections=1)
+        async with httpx.AsyncClient(limits=limits) as client:
+            model = make(server, http_client=client, max_retries=0)
+            with anyio.fail_after(5):  # a guard: a leaked connection blocks the next request
+                async with model.stream(ask()):
+                    pass
+                assert (await model.complete(ask())).message.content == "ok"
+
     async def test_usage_chunk_alone(self, server: ModelServer) -> None:
         server.reply(
             Reply(
