@@ -237,6 +237,25 @@ class TestComplete:
             await model.complete(ask())
         assert "authorization" not in server.requests[0].headers
 
+    async def test_an_empty_key_sends_none_even_with_one_in_the_environment(
+        self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+        server.reply(Reply(json=openai_completion("local")))
+        async with make(server, api_key="") as model:
+            await model.complete(ask())
+        assert "authorization" not in server.requests[0].headers
+
+    async def test_an_answer_with_choices_is_an_answer_whatever_else_it_has(
+        self, server: ModelServer
+    ) -> None:
+        answer = openai_completion("Fine.")
+        answer["error"] = {"message": "a warning some servers add", "code": 500}
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.content == "Fine."
+
     async def test_key_from_environment(
         self, server: ModelServer, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -760,13 +779,20 @@ class TestReasoning:
             "Paris.", reasoning=[ReasoningPart("France's capital is Paris.", provider="openai")]
         )
 
-    async def test_both_fields_filled_count_once(self, server: ModelServer) -> None:
-        answer = openai_completion("Paris.", reasoning="Think.")
-        answer["choices"][0]["message"]["reasoning"] = "Think."
+    @pytest.mark.parametrize(
+        ("content", "reasoning", "kept"),
+        [("Think.", "Think.", "Think."), ("First.", "Second.", "First."), ("", "Only.", "Only.")],
+    )
+    async def test_both_fields_filled_count_once(
+        self, server: ModelServer, content: str, reasoning: str, kept: str
+    ) -> None:
+        # reasoning_content first; an empty field is no reasoning.
+        answer = openai_completion("Paris.", reasoning=content)
+        answer["choices"][0]["message"]["reasoning"] = reasoning
         server.reply(Reply(json=answer))
         async with make(server) as model:
             response = await model.complete(ask())
-        assert response.message.reasoning == (ReasoningPart("Think.", provider="openai"),)
+        assert response.message.reasoning == (ReasoningPart(kept, provider="openai"),)
 
     async def test_none_without_reasoning(self, server: ModelServer) -> None:
         answer = openai_completion("Paris.", reasoning=None)
@@ -871,6 +897,9 @@ class TestInStreamErrors:
             ({"message": "Bad key", "code": "invalid_api_key"}, 401),
             ({"message": "vLLM says no", "type": "BadRequestError", "code": 400}, 400),
             ({"message": "Busy", "code": 503}, 503),
+            ({"message": "Last 5xx", "code": 599}, 599),
+            ({"message": "Code first", "type": "invalid_request_error", "code": 503}, 503),
+            ({"message": "Then status", "type": "invalid_request_error", "status": 502}, 502),
             ({"message": "Unknown", "type": "mystery_error"}, 500),
             ({"message": "Odd code", "code": 1234}, 500),
             ({"message": "Not an error code", "code": 200}, 500),
