@@ -15,6 +15,7 @@ import pytest
 from runlet import (
     Agent,
     ConfigurationError,
+    InMemoryCheckpointStore,
     MaxTurnsExceededError,
     Message,
     ModelError,
@@ -228,6 +229,29 @@ class TestConcurrentCalls:
             "opened",
         ]
         assert [m.role for m in model.requests[1].messages[-4:]] == ["tool"] * 4
+
+    async def test_a_checkpoint_keeps_the_finished_results_in_call_order(self) -> None:
+        gates = {"s0": anyio.Event(), "s1": anyio.Event()}
+
+        async def step(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            if context.tool_call_id == "s0":
+                await gates["s0"].wait()  # finishes after s1
+            else:
+                gates["s0"].set()
+            return f"done {context.tool_call_id}"
+
+        calls = [call("step", id="s0"), call("gated", id="g"), call("step", id="s1")]
+        store = InMemoryCheckpointStore()
+        tools = (tool("step", step), tool("gated", step, requires_approval=True))
+        with anyio.fail_after(5):
+            result = await Runtime(store).run(agent(ScriptedModel([calls]), *tools), "go")
+        assert result.checkpoint_id is not None
+        checkpoint = await store.load(result.checkpoint_id)
+        assert [(r.tool_call_id, r.content) for r in checkpoint.results] == [
+            ("s0", "done s0"),
+            ("s1", "done s1"),
+        ]
+        assert [c.id for c in checkpoint.pending_tool_calls] == ["g"]
 
 
 class TestErrorResults:

@@ -629,6 +629,30 @@ async def test_an_interruption_ends_the_stream_and_resume_continues(
     assert outcome(resumed) == outcome(ran_resumed)
 
 
+async def test_a_resume_that_stops_again_reports_the_decisions_so_far() -> None:
+    calls = [call("delete", path="a", id="c1"), call("delete", path="b", id="c2")]
+    agent = Agent(
+        "a", "", ScriptedModel([calls]), tools=[tool("delete", echo, requires_approval=True)]
+    )
+    runtime = Runtime(InMemoryCheckpointStore())
+    first = await runtime.run(agent, "clean up")
+    assert first.checkpoint_id is not None
+    answer = HumanResponse(first.pending_requests[0].id, "approve", responded_by="alice")
+    events: list[StreamEvent] = []
+    with anyio.fail_after(GUARD):
+        async with runtime.stream_resume(
+            agent, checkpoint_id=first.checkpoint_id, response=answer
+        ) as stream:
+            events = [event async for event in stream]
+    again = stream.result
+    assert again.status == "interrupted"
+    assert [(d.tool_call_id, d.action, d.responded_by) for d in again.decisions] == [
+        ("c1", "approve", "alice")
+    ]
+    assert [r.tool_call.id for r in again.pending_requests] == ["c2"]
+    assert Interrupted in kinds(events)
+
+
 # --- 5. structured concurrency: leaving early, errors, cancellation --------------------
 
 
