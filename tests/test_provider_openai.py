@@ -482,15 +482,35 @@ class TestStreaming:
             openai_chunk({"tool_calls": [{"id": "a", "function": {"name": "weather"}}]}),
             openai_chunk({"tool_calls": [{"function": {"arguments": '{"city":'}}]}),
             openai_chunk({"tool_calls": [{"function": {"arguments": '"Oslo"}'}}]}),
+            # A new id starts the next call; pieces without one continue it.
+            openai_chunk({"tool_calls": [{"id": "b", "function": {"name": "weather"}}]}),
+            openai_chunk({"tool_calls": [{"function": {"arguments": '{"city": "Rome"}'}}]}),
             openai_chunk({}, "tool_calls"),
         )  # no usage, no [DONE]: the finish_reason ends the answer
         server.reply(Reply(events=events))
         async with make(server, stream_usage=False) as model:
             items = await collect(model, ask())
         assert "stream_options" not in server.bodies[0]
-        assert items[-1] == ModelResponse(
-            Message.assistant("", [ToolCall("a", "weather", {"city": "Oslo"})]), Usage(requests=1)
+        calls = [
+            ToolCall("a", "weather", {"city": "Oslo"}),
+            ToolCall("b", "weather", {"city": "Rome"}),
+        ]
+        assert items[-1] == ModelResponse(Message.assistant("", calls), Usage(requests=1))
+
+    async def test_stream_ended_by_done_without_a_finish_reason(self, server: ModelServer) -> None:
+        events = (
+            openai_chunk({"refusal": "I can't help"}),
+            openai_chunk({"refusal": " with that."}),
+            sse(" [DONE]"),  # "data:  [DONE]": the second space stays in the data
         )
+        server.reply(Reply(events=events))
+        async with make(server, stream_usage=False) as model:
+            items = await collect(model, ask())
+        assert items == [
+            TextDelta("I can't help"),
+            TextDelta(" with that."),
+            ModelResponse(Message.assistant("I can't help with that."), Usage(requests=1)),
+        ]
 
     async def test_stream_cut_off_midway(self, server: ModelServer) -> None:
         server.reply(Reply(events=openai_stream("A long answer that never ends."), cut_after=4))
@@ -873,9 +893,9 @@ class TestCachedTokens:
     async def test_odd_counts_are_zero(self, server: ModelServer) -> None:
         answer = openai_completion("ok")
         answer["usage"] = {
-            "prompt_tokens": None,
+            "prompt_tokens": -1,
             "completion_tokens": "7",
-            "prompt_tokens_details": {"cached_tokens": -1},
+            "prompt_tokens_details": {"cached_tokens": True},
         }
         server.reply(Reply(json=answer))
         async with make(server) as model:
