@@ -159,7 +159,8 @@ class TestComplete:
             Message.tool(ToolResult("t1", "Sunny")),
             Message.tool(ToolResult("t2", "city is required", is_error=True)),
             Message.user("And tomorrow?"),
-            Message.user(""),  # empty text is dropped: the API refuses empty blocks
+            Message.assistant(""),  # empty messages are dropped: the API refuses empty
+            Message.user(""),  # blocks and empty turns
         )
         async with make(server) as model:
             await model.complete(ModelRequest("Be brief.", transcript, (WEATHER,), {}))
@@ -405,13 +406,18 @@ class TestStreaming:
                 {
                     "type": "content_block_start",
                     "index": 2,
-                    "content_block": {"type": "tool_use", "id": "t", "name": "now", "input": {}},
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": "t",
+                        "name": "now",
+                        "input": {"zone": "UTC"},  # the whole input: no deltas follow
+                    },
                 }
             ),
             anthropic_event({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 2}}),
             anthropic_event({"type": "message_delta", "delta": {}, "usage": {}}),
             anthropic_event({"type": "future_event"}),
-            anthropic_event({"type": "message_stop"}),
+            sse({}, "message_stop"),  # a type only in the event name is enough
         )
         server.reply(Reply(events=events))
         async with make(server) as model:
@@ -419,7 +425,7 @@ class TestStreaming:
         assert items[:2] == [ReasoningDelta("hm"), TextDelta("Hi")]
         unsigned = ReasoningPart("hm", provider="anthropic")  # kept, but never sent back
         assert items[-1] == ModelResponse(
-            Message.assistant("Hi", [ToolCall("t", "now", {})], reasoning=[unsigned]),
+            Message.assistant("Hi", [ToolCall("t", "now", {"zone": "UTC"})], reasoning=[unsigned]),
             Usage(3, 2, 1),
         )
 
@@ -782,12 +788,20 @@ class TestPromptCaching:
             anthropic_event({"type": "message_start", "message": {"usage": start}}),
             anthropic_event({"type": "message_delta", "delta": {}, "usage": final}),
             anthropic_event({"type": "message_delta", "delta": {}, "usage": {"input_tokens": 0}}),
+            anthropic_event(  # a count that is not an int changes nothing
+                {
+                    "type": "message_delta",
+                    "delta": {},
+                    "usage": {"cache_creation_input_tokens": True},
+                }
+            ),
             anthropic_event({"type": "message_stop"}),
         )
         server.reply(Reply(events=events))
         async with make(server) as model:
             items = await collect(model, ask())
         assert items[-1].usage == Usage(45, 9, 1, cache_read_tokens=40)
+        assert type(items[-1].usage.cache_write_tokens) is int
 
 
 # -- errors inside a stream ----------------------------------------------------------------
