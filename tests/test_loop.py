@@ -15,9 +15,11 @@ import pytest
 from runlet import (
     Agent,
     ConfigurationError,
+    HumanResponse,
     InMemoryCheckpointStore,
     MaxTurnsExceededError,
     Message,
+    ModelAPIError,
     ModelError,
     ModelRequest,
     ModelResponse,
@@ -110,6 +112,24 @@ class TestRun:
         assert dict(context.metadata) == {"user": "u1"}
         with pytest.raises(TypeError):
             context.metadata["user"] = "other"  # type: ignore[index]
+
+    async def test_a_run_keeps_the_options_and_metadata_it_started_with(self) -> None:
+        options: dict[str, Any] = {"temperature": 0}
+        metadata: dict[str, Any] = {"user": "u1"}
+        seen: list[dict[str, Any]] = []
+
+        async def meddle(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            seen.append(dict(context.metadata))
+            options["temperature"] = 1  # the caller changes its own dicts mid-run
+            metadata["user"] = "u2"
+            return "changed"
+
+        model = ScriptedModel([call("meddle"), call("meddle"), "done"])
+        await Runtime().run(
+            agent(model, tool("meddle", meddle)), "go", options=options, metadata=metadata
+        )
+        assert [dict(request.options) for request in model.requests] == [{"temperature": 0}] * 3
+        assert seen == [{"user": "u1"}] * 2
 
     async def test_json_values_are_sent_as_json_text(self) -> None:
         async def lookup(arguments: Mapping[str, Any], context: ToolContext) -> Any:
@@ -262,6 +282,24 @@ class TestErrorResults:
         [tool_result] = tool_messages(result.transcript)
         return tool_result, model.requests[1]
 
+    async def test_an_edited_call_that_fails_is_still_an_error(self) -> None:
+        async def refuse(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            raise PermissionError(f"cannot delete {arguments['path']}")
+
+        store = InMemoryCheckpointStore()
+        runtime = Runtime(store)
+        model = ScriptedModel([call("delete", path="/a", id="c1"), "understood"])
+        tester = agent(model, tool("delete", refuse, requires_approval=True))
+        first = await runtime.run(tester, "go")
+        assert first.checkpoint_id is not None
+        assert first.interruption is not None
+        answer = HumanResponse(first.interruption.id, "approve", edited_arguments={"path": "/b"})
+        result = await runtime.resume(tester, checkpoint_id=first.checkpoint_id, response=answer)
+        [tool_result] = tool_messages(result.transcript)
+        assert tool_result.is_error
+        assert tool_result.content.startswith('A human edited the arguments to {"path": "/b"}')
+        assert "cannot delete /b" in tool_result.content
+
     async def test_unknown_tool(self) -> None:
         result, request = await self.run_one(call("nope", id="c1"), tool("add", add, ADD_SCHEMA))
         assert result.is_error
@@ -379,6 +417,16 @@ class TestModelErrors:
         model = ScriptedModel([])
         with pytest.raises(ModelError, match="no answer left"):
             await Runtime().run(agent(model), "hi")
+
+        refused = ModelAPIError("The API answered 429.", status_code=429, body="slow down")
+
+        class Limited:
+            async def complete(self, request: ModelRequest) -> ModelResponse:
+                raise refused
+
+        with pytest.raises(ModelAPIError) as caught:
+            await Runtime().run(agent(Limited()), "hi")
+        assert caught.value is refused  # as raised: its status decides about retrying
 
     @pytest.mark.parametrize(
         ("answer", "message"),
