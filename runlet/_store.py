@@ -13,6 +13,7 @@ Two protocols:
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections import deque
@@ -327,11 +328,18 @@ def check_limit(limit: object) -> None:
         raise ConfigurationError(f"list_pending(limit=...) must be a positive int, not {limit!r}.")
 
 
+def is_seconds(value: object, *, positive: bool = False) -> bool:
+    """Whether *value* is a finite, non-negative (or, if *positive*, positive) number of
+    seconds: an ``int`` or ``float`` (a ``bool`` is not a number of seconds)."""
+    if type(value) is not int and type(value) is not float:
+        return False
+    seconds: float = value
+    return (seconds > 0 if positive else seconds >= 0) and seconds < math.inf
+
+
 def check_lease(lease: object) -> None:
     """Refuse a lease that is not a non-negative number of seconds (or None)."""
-    if lease is not None and (
-        type(lease) not in (int, float) or not 0 <= lease < float("inf")  # type: ignore[operator]
-    ):
+    if lease is not None and not is_seconds(lease):
         raise ConfigurationError(
             f"lease must be a non-negative number of seconds (or None), not {lease!r}."
         )

@@ -49,6 +49,7 @@ from .._store import (
     check_lease,
     check_limit,
     claimed_error,
+    is_seconds,
     lease_lost,
     metadata_matches,
     new_token,
@@ -492,7 +493,7 @@ class SQLStore:
             ~runlet.ConfigurationError: *older_than* is negative or not a duration.
         """
         age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-        if type(age) not in (int, float) or not 0 <= age < math.inf:
+        if not is_seconds(age):
             raise ConfigurationError(
                 "purge_resolved(older_than=...) must be a timedelta or a non-negative number "
                 f"of seconds, not {older_than!r}."

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from .._errors import ConfigurationError
+from .._store import is_seconds
 from ._sql import SQLStore, Statements, dumps
 
 try:
@@ -291,7 +292,7 @@ class PostgresCheckpointStore(SQLStore):
             raise ConfigurationError(
                 f"min_size must be an int from 0 to max_size ({max_size}), not {min_size!r}."
             )
-        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+        if not is_seconds(timeout, positive=True):
             raise ConfigurationError(
                 f"timeout must be a positive number of seconds, not {timeout!r}."
             )

@@ -20,6 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Final
 
 from .._errors import ConfigurationError
+from .._store import is_seconds
 from ._sql import SQLStore, Statements, dumps
 
 __all__ = ["SQLiteCheckpointStore"]
@@ -292,7 +293,7 @@ class SQLiteCheckpointStore(SQLStore):
                 f"SQLiteCheckpointStore needs SQLite 3.35 or newer; this Python has "
                 f"{sqlite3.sqlite_version}. Use a newer Python build."
             )
-        if type(busy_timeout) not in (int, float) or not 0 <= busy_timeout < float("inf"):
+        if not is_seconds(busy_timeout):
             raise ConfigurationError(
                 f"busy_timeout must be a non-negative number of seconds, not {busy_timeout!r}."
             )
