@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
+import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,7 @@ import attrs
 import pytest
 
 import runlet
+import runlet._store
 import runlet.testing._conformance
 from runlet import (
     Agent,
@@ -110,6 +115,27 @@ class TestInMemoryCheckpointStore:
         assert "cp_2" not in store
         assert 3 not in store
 
+    async def test_len_and_in_count_a_claimed_checkpoint_as_open(self) -> None:
+        store = InMemoryCheckpointStore()
+        await store.save(golden("cp_1"))
+        await store.claim("cp_1")
+        assert (1, True) == (len(store), "cp_1" in store)
+
+    async def test_renew_extends_the_lease_from_now(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        now = [100.0]
+        clock = types.SimpleNamespace(monotonic=lambda: now[0])
+        monkeypatch.setattr(runlet._store, "time", clock)  # the store's clock only
+        store = InMemoryCheckpointStore(lease=10)
+        await store.save(golden("cp_1"))
+        claim = await store.claim("cp_1")
+        now[0] = 108.0
+        await store.renew("cp_1", claim.token)
+        now[0] = 115.0  # past the first lease, within the renewed one
+        with pytest.raises(CheckpointClaimedError):
+            await store.claim("cp_1")
+        now[0] = 118.0  # the renewed lease runs out
+        assert claim.token != (await store.claim("cp_1")).token
+
     async def test_save_replaces_the_data_of_a_checkpoint_with_the_same_id(self) -> None:
         store = InMemoryCheckpointStore()
         await store.save(golden("cp_1"))
@@ -140,6 +166,28 @@ class TestInMemoryCheckpointStore:
         assert "resolved" == (await store.get("cp_3")).status
         assert "pending" == (await store.get("cp_4")).status  # open ones are never dropped
 
+    async def test_keep_finished_zero_forgets_each_finished_checkpoint_at_once(self) -> None:
+        store = InMemoryCheckpointStore(keep_finished=0)
+        await store.save(golden("cp_1"))
+        await store.save(golden("cp_2"))
+        await store.cancel("cp_1")
+        with pytest.raises(CheckpointNotFoundError):
+            await store.get("cp_1")
+        assert "pending" == (await store.get("cp_2")).status
+
+    async def test_a_checkpoint_saved_again_after_delete_is_not_forgotten_as_finished(
+        self,
+    ) -> None:
+        store = InMemoryCheckpointStore(keep_finished=1)
+        await store.save(golden("cp_1"))
+        await store.cancel("cp_1")
+        await store.delete("cp_1")
+        await store.save(golden("cp_1"))  # the same id, waiting again
+        await store.save(golden("cp_2"))
+        await store.cancel("cp_2")  # pushes the old cp_1 out of the kept ones
+        assert "pending" == (await store.get("cp_1")).status
+        assert "cancelled" == (await store.get("cp_2")).status
+
     async def test_keep_finished_none_keeps_everything(self) -> None:
         store = InMemoryCheckpointStore(keep_finished=None)
         for index in range(5):
@@ -158,6 +206,33 @@ class TestInMemoryCheckpointStore:
             await store.list_pending(limit=0)
         with pytest.raises(CheckpointNotFoundError):
             await store.list_pending(after="cp_missing")
+
+
+# --- Claim tokens ------------------------------------------------------------------------
+
+_FORK_TOKENS = """
+import os
+from runlet._store import new_token
+
+new_token()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, new_token().encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(new_token(), os.read(read, 100).decode())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
+def test_a_forked_worker_does_not_repeat_its_parents_tokens() -> None:
+    # A fresh interpreter: forking this (threaded) test process would warn.
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_TOKENS], capture_output=True, text=True, check=True
+    )
+    parent, child = done.stdout.split()
+    assert parent.partition("-")[0] != child.partition("-")[0]
 
 
 # --- Exactly-once resume -----------------------------------------------------------------
