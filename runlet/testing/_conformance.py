@@ -424,6 +424,34 @@ def store_conformance_tests(
             assert await ids(agent_name="support", metadata={"user": {"id": 1}}) == ["cp_1", "cp_3"]
             assert await ids(metadata={"missing": None}) == []
 
+        async def test_list_pending_fills_a_page_past_checkpoints_that_do_not_match(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A store may pre-filter in its database and check the rest itself: a page
+            # still fills up from the checkpoints beyond those that do not match.
+            for index in range(6):
+                user = {"id": 2 if index >= 3 else 1}
+                await store.save(sample_checkpoint(f"cp_{index}", metadata={"user": user}))
+            wanted = {"user": {"id": 2}}
+            first = await store.list_pending(limit=2, metadata=wanted)
+            assert [p.checkpoint_id for p in first] == ["cp_3", "cp_4"]
+            rest = await store.list_pending(limit=2, after="cp_4", metadata=wanted)
+            assert [p.checkpoint_id for p in rest] == ["cp_5"]
+
+        async def test_saving_again_changes_what_list_pending_filters_on(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1", metadata={"tenant": "acme"}))
+            moved = sample_checkpoint("cp_1", agent_name="billing", metadata={"tenant": "other"})
+            await store.save(moved)
+
+            async def ids(**filters: Any) -> list[str]:
+                return [p.checkpoint_id for p in await store.list_pending(**filters)]
+
+            assert await ids(agent_name="billing", metadata={"tenant": "other"}) == ["cp_1"]
+            assert await ids(agent_name="support") == []
+            assert await ids(metadata={"tenant": "acme"}) == []
+
         # --- JSON --------------------------------------------------------------------
 
         async def test_data_round_trips_exactly(self, store: DurableCheckpointStore) -> None:
