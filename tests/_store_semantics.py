@@ -17,11 +17,13 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import attrs
 import pytest
 
 from runlet import (
     CallRecord,
     Checkpoint,
+    CheckpointClaimedError,
     CheckpointNotFoundError,
     ConfigurationError,
     Decision,
@@ -235,6 +237,8 @@ def semantics_tests(factory: Factory) -> type:
                 assert [] == await ids(metadata={"user": "ann", "n": 2})
                 assert [] == await ids(metadata={"missing": None})
                 assert [] == await ids(metadata={"n": T0})
+                assert [] == await ids(metadata={"n": float("nan")})
+                assert [] == await ids(metadata={"n": float("inf")})
                 assert [] == await ids(metadata={1: 1})
                 assert 6 == len(await ids(metadata={}))
                 assert ["cp_2"] == await ids(metadata={"user": "ann"}, limit=1, after="cp_0")
@@ -261,14 +265,104 @@ def semantics_tests(factory: Factory) -> type:
                 ] == list(await store.decisions("run_1"))
                 assert [] == list(await store.decisions("run_nope"))
 
+        async def test_decisions_of_one_moment_keep_the_order_they_were_recorded_in(
+            self,
+        ) -> None:
+            # One response decides every call of a turn at the same time.
+            first = checkpoint("cp_1", calls=2)
+            second = checkpoint("cp_2", calls=2)
+            async with factory(60.0) as store:
+                for cp in (first, second):
+                    await store.save(cp)
+                    claim = await store.claim(cp.id)
+                    await store.record(cp.id, claim.token, [record(cp, 1), record(cp, 0)])
+                    await store.record(cp.id, claim.token, [record(cp, 1, result="ok")])
+                assert [
+                    decision(first, 1),
+                    decision(first, 0),
+                    decision(second, 1),
+                    decision(second, 0),
+                ] == list(await store.decisions("run_1"))
+
     return StoreSemantics
 
 
-def sql_store_tests(factory: Factory) -> type:
-    """What the SQL stores add to the protocol: retention, and the open/closed life."""
+async def execute(store: Any, statement: str) -> list[tuple[Any, ...]]:
+    """Run *statement* in one transaction of the SQL *store*'s own connections; return
+    the rows it returns."""
+
+    def work() -> list[tuple[Any, ...]]:
+        with store._connection(write=True, atomic=True) as conn:
+            cursor = conn.execute(statement)
+            return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+    result: list[tuple[Any, ...]] = await store._run(work)
+    return result
+
+
+def sql_store_tests(factory: Factory, *, rewind: str) -> type:
+    """What the SQL stores add to the protocol: retention, and the open/closed life.
+
+    *rewind* is an ``UPDATE`` of every checkpoint that moves the time in column
+    ``{column}`` two hours back, in the store's SQL dialect.
+    """
+
+    async def two_hours_back(store: Any, column: str) -> None:
+        await execute(store, rewind.format(column=column))
 
     @pytest.mark.anyio
     class SQLStoreBehaviour:
+        async def test_renew_extends_a_lease_that_ran_out(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                claim = await store.claim("cp_1")
+                await two_hours_back(store, "lease_until")
+                await store.renew("cp_1", claim.token)  # not yet taken over: still held
+                with pytest.raises(CheckpointClaimedError):
+                    await store.claim("cp_1")
+
+        async def test_cancelling_again_keeps_the_first_finished_time(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                await store.cancel("cp_1")
+                await two_hours_back(store, "finished_at")
+                await store.cancel("cp_1")
+                assert 1 == await store.purge_resolved(older_than=timedelta(hours=1))
+
+        async def test_records_keep_the_decision_time_for_operators_queries(self) -> None:
+            cp = checkpoint(calls=2)
+            async with factory(60.0) as store:
+                await store.save(cp)
+                claim = await store.claim("cp_1")
+                await store.record("cp_1", claim.token, [record(cp, 0, minutes=5)])
+                await store.record("cp_1", claim.token, [record(cp, 1)])
+                rows = await execute(
+                    store,
+                    "SELECT tool_call_id FROM runlet_records "
+                    "WHERE decided_at = '2026-01-01T00:05:00+00:00'",
+                )
+                assert [("call_0",)] == rows
+
+        async def test_resolve_changes_nothing_when_saving_the_next_checkpoint_fails(
+            self,
+        ) -> None:
+            cp = checkpoint()
+            async with factory(60.0) as store:
+                await store.save(cp)
+                claim = await store.claim("cp_1")
+                store._sql = attrs.evolve(
+                    store._sql, save="INSERT INTO runlet_no_such_table (id) VALUES (1)"
+                )
+                with pytest.raises(Exception, match="runlet_no_such_table"):
+                    await store.resolve("cp_1", claim.token, resolution(cp), checkpoint("cp_2"))
+                del store._sql  # the class's statements again
+                assert ("claimed", None) == (
+                    (await store.get("cp_1")).status,
+                    (await store.get("cp_1")).resolution,
+                )
+                await store.resolve("cp_1", claim.token, resolution(cp), checkpoint("cp_2"))
+                assert "pending" == (await store.get("cp_2")).status
+
         async def test_purge_resolved(self) -> None:
             async with factory(60.0) as store:
                 for n in range(3):

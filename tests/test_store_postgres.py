@@ -53,7 +53,11 @@ class TestSemantics(semantics_tests(pg_store)):  # type: ignore[misc]
     pass
 
 
-class TestSQLStore(sql_store_tests(pg_store)):  # type: ignore[misc]
+class TestSQLStore(
+    sql_store_tests(  # type: ignore[misc]
+        pg_store, rewind="UPDATE runlet_checkpoints SET {column} = {column} - interval '2 hours'"
+    )
+):
     pass
 
 

@@ -57,7 +57,11 @@ class TestReferenceSemantics(semantics_tests(memory_store)):  # type: ignore[mis
     """The same edge cases on the in-memory reference store."""
 
 
-class TestSQLStore(sql_store_tests(sqlite_store)):  # type: ignore[misc]
+class TestSQLStore(
+    sql_store_tests(  # type: ignore[misc]
+        sqlite_store, rewind="UPDATE runlet_checkpoints SET {column} = {column} - 7200"
+    )
+):
     pass
 
 
