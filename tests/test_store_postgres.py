@@ -11,10 +11,11 @@ import anyio
 import anyio.to_thread
 import pytest
 from _postgres import fresh_schema, postgres_store
-from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from _store_semantics import T0, checkpoint, decision, semantics_tests, sql_store_tests
 from conftest import BACKENDS
 
 from runlet import (
+    CallRecord,
     CheckpointClaimedError,
     CheckpointSerializationError,
     ConfigurationError,
@@ -29,6 +30,11 @@ except ImportError:  # skips, but fails when CI is set, like a missing server
         raise
     pytest.skip('psycopg is not installed: pip install -e ".[tests]"', allow_module_level=True)
 
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from runlet._checkpoint import unstructure
+from runlet.stores import postgres
+from runlet.stores._sql import dumps
 from runlet.stores.postgres import PostgresCheckpointStore
 from runlet.testing import store_conformance_tests
 
@@ -125,6 +131,30 @@ async def test_lease_times_come_from_the_server() -> None:
     assert 0 < seconds <= 30
 
 
+async def test_a_takeover_waits_for_a_record_that_passed_the_token_check() -> None:
+    # record() checks the token (HOLDER) and writes in one transaction. HOLDER's row lock
+    # makes a takeover claim wait for that transaction, so the new holder reads what the
+    # old one recorded; without it both would pass their checks, and the old holder would
+    # act on a record the new one never sees.
+    conninfo = await schema()
+    options = conninfo_to_dict(conninfo)["options"]
+    impatient = make_conninfo(conninfo, options=f"{options} -c lock_timeout=100")
+    cp = checkpoint()
+    call = CallRecord(tool_call_id="call_0", decision=decision(cp))
+    async with PostgresCheckpointStore(impatient, lease=0) as store:
+        await store.save(cp)
+        old = await store.claim("cp_1")  # lease 0: open to a takeover at once
+        with psycopg.connect(conninfo) as writer:  # not autocommit: one transaction
+            held = {"id": "cp_1", "token": old.token}
+            assert writer.execute(postgres.HOLDER, held).fetchone() is not None
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await store.claim("cp_1")
+            row = {"tool_call_id": "call_0", "run_id": "run_1", "decided_at": T0}
+            writer.execute(postgres.RECORD, {**held, **row, "data": dumps(unstructure(call))})
+        new = await store.claim("cp_1")
+        assert (call,) == new.records
+
+
 async def test_connect_kwargs_reach_the_connections() -> None:
     conninfo = await schema()
     kwargs = {"prepare_threshold": None}
@@ -146,7 +176,13 @@ async def test_an_unreachable_server_fails_on_entering() -> None:
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"lease": -1}, {"max_size": 0}, {"min_size": 3, "max_size": 2}, {"timeout": 0}],
+    [
+        {"lease": -1},
+        {"max_size": 0},
+        {"min_size": 3, "max_size": 2},
+        {"timeout": 0},
+        {"timeout": float("inf")},
+    ],
 )
 def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
