@@ -102,11 +102,47 @@ async def test_a_new_file_gets_wal_and_the_tables() -> None:
     async with SQLiteCheckpointStore(db_path()) as store:
         assert str(db_path()) == store.path
         assert "SQLiteCheckpointStore(" in repr(store)
+        with store._connection(write=False, atomic=False) as conn:
+            assert (2,) == conn.execute("PRAGMA synchronous").fetchone()  # FULL: durable
     raw = sqlite3.connect(db_path(), isolation_level=None)
     assert [("wal",)] == raw.execute("PRAGMA journal_mode").fetchall()
     tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     raw.close()
     assert {"runlet_schema", "runlet_checkpoints", "runlet_records"} <= tables
+
+
+@pytest.mark.parametrize("path", [":memory:", ""], ids=["memory", "temporary"])
+async def test_calls_on_a_private_database_take_turns_on_its_one_connection(path: str) -> None:
+    # Every connection to such a path opens a database of its own, so a second call must
+    # wait for the connection the first one holds rather than open another.
+    async with SQLiteCheckpointStore(path) as store:
+        await store.save(checkpoint())
+        taken, go = threading.Event(), threading.Event()
+        take = store._take
+
+        def held() -> sqlite3.Connection:
+            conn = take()
+            taken.set()
+            go.wait()
+            return conn
+
+        store._take = held  # type: ignore[method-assign]
+        statuses: list[str] = []
+
+        async def get() -> None:
+            statuses.append((await store.get("cp_1")).status)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(get)
+            await anyio.to_thread.run_sync(taken.wait)  # the first call holds the connection
+            group.start_soon(get)
+            try:
+                await anyio.wait_all_tasks_blocked()
+                assert store._limiter is not None
+                waiting = store._limiter.statistics().tasks_waiting
+            finally:
+                go.set()
+        assert (1, ["pending"] * 2) == (waiting, statuses)
 
 
 async def test_in_memory() -> None:
