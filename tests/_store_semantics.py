@@ -156,6 +156,16 @@ def semantics_tests(factory: Factory) -> type:
                     await store.renew("cp_1", claim.token)
                 assert "cancelled" == (await store.get("cp_1")).status
 
+        @pytest.mark.parametrize("lease", [60.0, None])
+        async def test_cancelling_a_held_claim_says_to_try_again_later(
+            self, lease: float | None
+        ) -> None:
+            async with factory(lease) as store:
+                await store.save(checkpoint())
+                await store.claim("cp_1")
+                with pytest.raises(CheckpointClaimedError, match="cannot be cancelled; try again"):
+                    await store.cancel("cp_1")
+
         async def test_delete_forgets_records_and_outcome(self) -> None:
             cp = checkpoint()
             async with factory(60.0) as store:
@@ -373,12 +383,15 @@ def sql_store_tests(factory: Factory, *, rewind: str) -> type:
                 await store.cancel("cp_1")
                 assert 0 == await store.purge_resolved(older_than=timedelta(hours=1))
                 assert 0 == await store.purge_resolved(older_than=3600)
-                assert "resolved" == (await store.get("cp_0")).status
+                kept = await store.get("cp_0")
+                assert ("resolved", (record(checkpoint("cp_0")),)) == (kept.status, kept.records)
                 assert 2 == await store.purge_resolved(older_than=0)
                 for gone in ("cp_0", "cp_1"):
                     with pytest.raises(CheckpointNotFoundError):
                         await store.get(gone)
                 assert [] == list(await store.decisions("run_1"))
+                await store.save(checkpoint("cp_0"))  # the id again: none of the old records
+                assert () == (await store.get("cp_0")).records
                 assert "pending" == (await store.get("cp_2")).status
                 for wrong in (-1, float("inf"), "1", None, timedelta(seconds=-1)):
                     with pytest.raises(ConfigurationError):
