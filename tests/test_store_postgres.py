@@ -112,10 +112,12 @@ async def test_a_database_of_an_unknown_schema_version_is_refused() -> None:
         await store.save(checkpoint())
         assert "<conninfo>" in repr(store)
     execute(conninfo, "UPDATE runlet_schema SET version = 7")
+    refusing = PostgresCheckpointStore(conninfo)
     with pytest.raises(StoreSchemaError, match="schema version 7") as caught:
-        async with PostgresCheckpointStore(conninfo):
+        async with refusing:
             pass  # pragma: no cover
     assert (7, 1) == (caught.value.found, caught.value.expected)
+    assert refusing._pool is None  # its pool was closed
     assert [(1,)] == execute(conninfo, "SELECT count(*) FROM runlet_checkpoints")
 
 

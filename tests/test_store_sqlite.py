@@ -89,10 +89,12 @@ async def test_a_file_of_an_unknown_schema_version_is_refused() -> None:
     raw = sqlite3.connect(db_path(), isolation_level=None)
     raw.execute("UPDATE runlet_schema SET version = 99")
     raw.close()
+    refusing = SQLiteCheckpointStore(db_path())
     with pytest.raises(StoreSchemaError, match="schema version 99") as caught:
-        async with SQLiteCheckpointStore(db_path()):
+        async with refusing:
             pass  # pragma: no cover
     assert (99, 1) == (caught.value.found, caught.value.expected)
+    assert [] == refusing._idle  # its connection was closed
     raw = sqlite3.connect(db_path(), isolation_level=None)
     assert [(99,)] == raw.execute("SELECT version FROM runlet_schema").fetchall()
     raw.close()
