@@ -561,16 +561,41 @@ def _pages(
 
 def _prefilter(wanted: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]] | None:
     """The metadata filter as ``(scalars, keys)`` for the SQL pre-filter, or ``None``
-    when no stored (JSON) metadata can match."""
+    when no stored (JSON) metadata can match. Entries the metadata column cannot hold
+    (see :func:`_indexed`) are left to the check in Python."""
     scalars: dict[str, Any] = {}
+    keys: list[str] = []
     for key, value in wanted.items():
         if not isinstance(key, str):
             return None
+        if not _indexable(key, value):
+            continue
+        keys.append(key)
         if isinstance(value, str) or (
             isinstance(value, (int, float)) and math.isfinite(value) and abs(value) < 2**53
         ):
             scalars[key] = value
-    return scalars, list(wanted)
+    return scalars, keys
+
+
+def _indexed(metadata: Mapping[str, Any]) -> str:
+    """The metadata column: the run metadata as JSON, without the entries that hold the
+    character U+0000, which PostgreSQL's ``jsonb`` and ``text`` cannot store. The column
+    only serves the pre-filter, which leaves such entries to Python; the checkpoint's
+    data keeps them."""
+    text = dumps(metadata)
+    if "\\u0000" not in text:
+        return text
+    return dumps({key: value for key, value in metadata.items() if _indexable(key, value)})
+
+
+def _indexable(key: str, value: Any) -> bool:
+    if "\x00" in key:
+        return False
+    try:
+        return "\\u0000" not in dumps(value)
+    except (TypeError, ValueError):  # a filter value JSON cannot hold: Python compares it
+        return False
 
 
 def dumps(data: Any) -> str:
@@ -585,7 +610,7 @@ def _checkpoint_params(checkpoint: Checkpoint) -> dict[str, Any]:
         "run_id": checkpoint.run_id,
         "agent_name": checkpoint.agent_name,
         "data": dumps(data),
-        "metadata": dumps(data.get("metadata", {})),
+        "metadata": _indexed(data.get("metadata", {})),
     }
 
 

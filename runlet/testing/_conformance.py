@@ -452,6 +452,24 @@ def store_conformance_tests(
             assert await ids(agent_name="support") == []
             assert await ids(metadata={"tenant": "acme"}) == []
 
+        async def test_metadata_with_a_nul_character_is_stored_and_filtered(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # PostgreSQL's jsonb and text cannot hold U+0000; a store must still keep it.
+            metadata = {"note": "a\x00b", "\x00key": 1, "tenant": "acme"}
+            await store.save(sample_checkpoint("cp_1", metadata=metadata))
+            await store.save(sample_checkpoint("cp_2", metadata={"note": "ab", "tenant": "acme"}))
+
+            async def ids(**filters: Any) -> list[str]:
+                return [p.checkpoint_id for p in await store.list_pending(**filters)]
+
+            assert metadata == (await store.load("cp_1")).metadata
+            assert await ids(metadata={"note": "a\x00b"}) == ["cp_1"]
+            assert await ids(metadata={"\x00key": 1, "tenant": "acme"}) == ["cp_1"]
+            assert await ids(metadata={"note": "ab"}) == ["cp_2"]
+            assert await ids(metadata={"tenant": "acme"}) == ["cp_1", "cp_2"]
+            assert await ids(metadata={"note": "a"}) == []
+
         # --- JSON --------------------------------------------------------------------
 
         async def test_data_round_trips_exactly(self, store: DurableCheckpointStore) -> None:
