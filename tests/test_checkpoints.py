@@ -270,6 +270,28 @@ def test_non_json_tool_arguments_are_refused_naming_the_path() -> None:
     assert "pending_tool_calls[0].arguments['order_id']" == info.value.path
 
 
+def test_non_json_values_in_a_read_only_arguments_view_are_refused_naming_the_path() -> None:
+    checkpoint = structure_checkpoint(json.loads(GOLDEN.read_text()))
+    bad = ToolCall("c9", "refund", types.MappingProxyType({"order_id": datetime.date(2024, 1, 1)}))
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(attrs.evolve(checkpoint, pending_tool_calls=(bad,)))
+    assert "pending_tool_calls[0].arguments['order_id']" == info.value.path
+
+
+@pytest.mark.parametrize("field", ["arguments", "metadata"])
+def test_non_json_values_in_a_decision_are_refused_naming_the_path(field: str) -> None:
+    checkpoint = structure_checkpoint(json.loads(GOLDEN_V2.read_text()))
+    [decision] = checkpoint.decisions
+    changes = {field: {"at": datetime.date(2024, 1, 1)}}
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(
+            attrs.evolve(checkpoint, decisions=(attrs.evolve(decision, **changes),))
+        )
+    assert f"decisions[0].{field}['at']" == info.value.path
+
+
 def test_unstructure_refuses_something_that_is_not_a_checkpoint() -> None:
     with pytest.raises(CheckpointSerializationError, match="needs a Checkpoint, got dict"):
         unstructure_checkpoint({"id": "cp"})  # type: ignore[arg-type]
@@ -368,6 +390,72 @@ def test_structure_refuses_something_that_is_not_a_mapping(data: Any) -> None:
     with pytest.raises(CheckpointSerializationError, match="needs a dict") as info:
         structure_checkpoint(data)
     assert info.value.path is None
+
+
+# --- Checkpoints that do not hang together ----------------------------------------------
+
+_FIRST = ToolCall("c1", "refund", {"order_id": "1"})
+_SECOND = ToolCall("c2", "refund", {"order_id": "2"})
+
+
+def _one_call_checkpoint(**changes: Any) -> dict[str, Any]:
+    """The JSON form of a checkpoint waiting on one refund, with *changes* applied."""
+    fields: dict[str, Any] = {
+        "id": "cp_1",
+        "run_id": "run_1",
+        "agent_name": "support",
+        "messages": (),
+        "options": {},
+        "metadata": {},
+        "transcript": (Message.user("Refund 1."), Message.assistant("", [_FIRST])),
+        "pending_tool_calls": (_FIRST,),
+        "request": HumanRequest("req_1", "approval", "Allow?", tool_call=_FIRST),
+        **changes,
+    }
+    return json.loads(json.dumps(unstructure_checkpoint(Checkpoint(**fields))))
+
+
+@pytest.mark.parametrize(
+    "last",
+    [Message("user", "Refund 1.", (_FIRST,)), Message.assistant("Refunded.")],
+    ids=["calls-in-a-user-message", "assistant-message-without-calls"],
+)
+def test_a_transcript_that_does_not_end_with_the_waiting_assistant_message_is_refused(
+    last: Message,
+) -> None:
+    data = _one_call_checkpoint(transcript=(Message.user("Refund 1."), last))
+
+    with pytest.raises(CheckpointSerializationError, match="must end with the assistant") as info:
+        structure_checkpoint(data)
+    assert "transcript" == info.value.path
+
+
+def test_a_pending_call_whose_tool_differs_from_the_models_call_is_refused() -> None:
+    # Same call id, other tool: the person would approve a refund the model never asked for.
+    asked = ToolCall("c1", "lookup", {"order_id": "1"})
+    data = _one_call_checkpoint(
+        transcript=(Message.user("Look up 1."), Message.assistant("", [asked]))
+    )
+
+    with pytest.raises(CheckpointSerializationError, match="not in the last assistant") as info:
+        structure_checkpoint(data)
+    assert "pending_tool_calls[0]" == info.value.path
+
+
+def test_a_second_open_request_for_one_pending_call_is_refused() -> None:
+    request = HumanRequest("req_2", "approval", "Allow?", tool_call=_FIRST)
+    data = _one_call_checkpoint(more_requests=(request,))
+
+    with pytest.raises(CheckpointSerializationError, match="2 open requests for 1") as info:
+        structure_checkpoint(data)
+    assert "more_requests" == info.value.path
+
+
+def test_the_one_call_checkpoint_these_tests_alter_hangs_together() -> None:
+    checkpoint = structure_checkpoint(_one_call_checkpoint())
+
+    assert (_FIRST,) == checkpoint.pending_tool_calls
+    assert _FIRST == checkpoint.request.tool_call
 
 
 # --- The version-1 golden file -----------------------------------------------------------

@@ -165,6 +165,16 @@ class TestCyclicData:
             "metadata"
         ]
 
+    async def test_the_same_value_twice_beside_a_bad_value_is_not_called_a_cycle(self) -> None:
+        shared, items = {"id": 1}, [1, 2]
+        metadata = {"a": shared, "b": [shared], "c": items, "d": [items], "when": {1, 2}}
+        checkpoint = attrs.evolve(await self.checkpoint(), metadata=metadata)
+
+        with pytest.raises(CheckpointSerializationError, match="is a set") as caught:
+            unstructure_checkpoint(checkpoint)
+
+        assert "metadata['when']" == caught.value.path
+
     async def test_a_read_only_view_nested_in_the_data_is_refused(self) -> None:
         metadata = {"view": MappingProxyType({"a": 1})}
         checkpoint = attrs.evolve(await self.checkpoint(), metadata=metadata)

@@ -20,9 +20,10 @@ from runlet import (
     ToolCall,
     Usage,
     structure_checkpoint,
+    unstructure,
     unstructure_checkpoint,
 )
-from runlet._checkpoint import Checkpoint
+from runlet._checkpoint import Checkpoint, _verified, check_integrity
 from runlet._human import HumanRequest, utc_now
 from runlet._messages import ZERO_USAGE
 from runlet._tools import _encode, show_arguments
@@ -136,6 +137,19 @@ def test_a_message_with_a_second_call_and_no_answer_for_it_is_refused() -> None:
         structure_checkpoint(_json(checkpoint))
 
     assert "results" == info.value.path
+
+
+def test_the_record_of_checked_checkpoints_stays_bounded() -> None:
+    # A server loads checkpoints for as long as it runs; the note that one was checked
+    # must not keep growing with them.
+    base = _checkpoint()
+    alive = [attrs.evolve(base, id=f"cp_{n}") for n in range(4200)]
+
+    for checkpoint in alive:
+        check_integrity(checkpoint)
+
+    assert len(_verified) <= 4096
+    assert _verified[id(alive[-1])]() is alive[-1]
 
 
 @given(json_objects)
@@ -261,6 +275,18 @@ def test_subclasses_of_json_types_are_copied_like_their_bases() -> None:
     assert type(data["metadata"]["c"]["d"]) is list
     assert type(data["metadata"]["f"]) is tuple
     assert json.loads(json.dumps(data))["metadata"]["c"] == {"d": [1, [2.5, {"e": None}]]}
+
+
+def test_subclasses_of_json_types_are_not_blamed_for_a_bad_value_beside_them() -> None:
+    arguments = {"a": _Text("x"), "b": _Number(1.5), "c": _List([_Text("y")])}
+    assert {"id": "c", "name": "t", "arguments": arguments} == unstructure(
+        ToolCall("c", "t", arguments)
+    )
+
+    with pytest.raises(CheckpointSerializationError) as info:
+        unstructure_checkpoint(_checkpoint(metadata={**arguments, "z": datetime.date(2024, 1, 1)}))
+
+    assert "metadata['z']" == info.value.path
 
 
 @pytest.mark.parametrize(
