@@ -28,7 +28,7 @@ ApprovalPolicy = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[bo
 sync or async. It sees the arguments after they passed the tool's schema."""
 
 # The names the OpenAI and Anthropic APIs accept; checking here gives the error early.
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # json.dumps() builds a new encoder on every call that passes options; one shared
 # encoder halves the cost of turning a handler's return value into text.
@@ -118,7 +118,8 @@ class ToolDefinition:
 
 
 def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):  # type: ignore[redundant-expr]
+    # fullmatch: a "$" would also match before a trailing newline ("refund\n").
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # type: ignore[redundant-expr]
         raise ConfigurationError(
             f"Tool name {name!r} is not usable: use 1 to 64 letters, digits, '_' or '-'."
         )

@@ -86,7 +86,7 @@ class TestToolSpec:
         with pytest.raises(ConfigurationError, match="must be a JSON Schema object"):
             ToolSpec("t", "d", "object", noop)  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("name", ["", "has space", "x" * 65, "ünïcode"])
+    @pytest.mark.parametrize("name", ["", "has space", "x" * 65, "ünïcode", "refund\n", "\nrefund"])
     def test_unusable_names(self, name: str) -> None:
         with pytest.raises(ConfigurationError, match="is not usable"):
             ToolSpec(name, "d", {}, noop)
