@@ -451,6 +451,21 @@ def test_a_second_open_request_for_one_pending_call_is_refused() -> None:
     assert "more_requests" == info.value.path
 
 
+def test_a_later_open_request_for_other_arguments_is_refused_by_its_place() -> None:
+    other = ToolCall("c2", "refund", {"order_id": "999"})
+    data = _one_call_checkpoint(
+        transcript=(Message.user("Refund 1 and 2."), Message.assistant("", [_FIRST, _SECOND])),
+        pending_tool_calls=(_FIRST, _SECOND),
+        more_requests=(HumanRequest("req_2", "approval", "Allow?", tool_call=other),),
+    )
+
+    with pytest.raises(
+        CheckpointSerializationError, match="does not match pending call 'c2'"
+    ) as info:
+        structure_checkpoint(data)
+    assert "more_requests[0].tool_call" == info.value.path
+
+
 def test_the_one_call_checkpoint_these_tests_alter_hangs_together() -> None:
     checkpoint = structure_checkpoint(_one_call_checkpoint())
 

@@ -129,13 +129,20 @@ class TestRoundTrip:
             "request_id": "req_1",
             "action": "approve",
         }
+        assert unstructure(ToolCall("call_1", "ping")) == {"id": "call_1", "name": "ping"}
 
-    def test_times_in_other_zones_come_back_as_the_same_instant_in_utc(self) -> None:
+    @pytest.mark.parametrize(
+        "written", ["2026-11-30T09:15:00.250000+01:00", "2026-11-30T08:15:00.250000Z"]
+    )
+    def test_times_in_other_zones_come_back_as_the_same_instant_in_utc(self, written: str) -> None:
         data = unstructure(attrs.evolve(_request(), created_at=WHEN))
-        data["created_at"] = "2026-11-30T09:15:00.250000+01:00"
-        assert structure(data, HumanRequest).created_at == WHEN
-        data["created_at"] = "2026-11-30T08:15:00.250000Z"
-        assert structure(data, HumanRequest).created_at == WHEN
+        data["created_at"] = written
+
+        created_at = structure(data, HumanRequest).created_at
+
+        # Equal instants compare equal whatever their zone: the zone is checked too.
+        assert (WHEN, UTC) == (created_at, created_at.tzinfo)
+        assert "2026-11-30T08:15:00.250000+00:00" == created_at.isoformat()
 
 
 def _request() -> HumanRequest:
@@ -356,6 +363,27 @@ MALFORMED_CASES: list[tuple[str, type[Any], Any, str | None, str]] = [
     ),
     ("missing", RunResult, {"status": "completed"}, "RunResult.transcript", "missing"),
     ("extra", Usage, _valid(Usage, cost=1), "Usage", r"extra fields found \(cost\)"),
+    (
+        "extra in a tool call",
+        ToolCall,
+        {"id": "call_1", "name": "refund", "extra": 1},
+        "ToolCall",
+        r"extra fields found \(extra\)",
+    ),
+    (
+        "extra in a message",
+        Message,
+        {"role": "user", "content": "hi", "extra": 1},
+        "Message",
+        r"extra fields found \(extra\)",
+    ),
+    (
+        "extra in a request",
+        HumanRequest,
+        {**unstructure(_request()), "extra": 1},
+        "HumanRequest",
+        r"extra fields found \(extra\)",
+    ),
     ("bool is not int", Usage, _valid(Usage, requests=True), "Usage.requests", "expected int"),
     ("float is not int", Usage, _valid(Usage, requests=1.0), "Usage.requests", "expected int"),
     ("int is not str", ToolCallDelta, _valid(ToolCallDelta, id=1), "ToolCallDelta.id", "str"),
