@@ -292,6 +292,23 @@ def test_non_json_values_in_a_decision_are_refused_naming_the_path(field: str) -
     assert f"decisions[0].{field}['at']" == info.value.path
 
 
+@pytest.mark.parametrize(
+    "usage",
+    [
+        Usage(input_tokens=1),
+        Usage(output_tokens=1),
+        Usage(requests=1),
+        Usage(cache_read_tokens=1),
+        Usage(cache_write_tokens=1),
+    ],
+    ids=["input", "output", "requests", "cache-read", "cache-write"],
+)
+def test_a_usage_with_only_one_count_is_kept(usage: Usage) -> None:
+    checkpoint = attrs.evolve(structure_checkpoint(_golden()), usage=usage)
+
+    assert usage == roundtrip(checkpoint).usage
+
+
 def test_unstructure_refuses_something_that_is_not_a_checkpoint() -> None:
     with pytest.raises(CheckpointSerializationError, match="needs a Checkpoint, got dict"):
         unstructure_checkpoint({"id": "cp"})  # type: ignore[arg-type]
@@ -322,6 +339,7 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str]] =
     ("version-0", _set(("version",), 0), "version", "version 0 is not supported"),
     ("version-str", _set(("version",), "1"), "version", "version '1' is not supported"),
     ("version-bool", _set(("version",), True), "version", "version True is not supported"),
+    ("version-float", _set(("version",), 2.0), "version", "version 2.0 is not supported"),
     ("no-request", _drop("request"), "checkpoint.request", "required field missing"),
     ("extra-key", _set(("extra",), 1), "checkpoint", "extra fields found (extra)"),
     (
@@ -505,6 +523,7 @@ def test_golden_v1_checkpoint_keeps_loading_migrated_to_v2() -> None:
     # makes it now, with a stable id.
     [ask] = checkpoint.more_requests
     assert ("req_cp_golden_1", "choice", "call_ask") == (ask.id, ask.kind, ask.tool_call.id)
+    assert "How should we tell the customer?" == ask.prompt
     assert ("email", "sms") == tuple(option.id for option in ask.options)
     assert ask == structure_checkpoint(_golden()).more_requests[0]
     assert ["call_refund", "call_ask"] == [c.id for c in checkpoint.pending_tool_calls]
@@ -517,6 +536,49 @@ def test_golden_v1_checkpoint_keeps_loading_migrated_to_v2() -> None:
     again = unstructure_checkpoint(checkpoint)
     assert 2 == again["version"]
     assert checkpoint == structure_checkpoint(json.loads(json.dumps(again)))
+
+
+def _golden_later_calls(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The later pending call's data in both places it is written: transcript and pending."""
+    return [data["transcript"][-1]["tool_calls"][1], data["pending_tool_calls"][1]]
+
+
+def test_v1_migration_asks_for_approval_of_a_later_call_that_is_not_ask_human() -> None:
+    # Arguments that look like ask_human's make no question of another tool's call.
+    data = _golden()
+    for later in _golden_later_calls(data):
+        later["name"] = "survey"
+
+    [later] = structure_checkpoint(data).more_requests
+
+    assert ("approval", "call_ask") == (later.kind, later.tool_call.id)
+    assert later.prompt.startswith('Allow survey with {"kind": "choice", ')
+    assert () == later.options
+
+
+def test_v1_migration_keeps_only_the_fields_an_option_has() -> None:
+    data = _golden()
+    for later in _golden_later_calls(data):
+        for option in later["arguments"]["options"]:
+            option["icon"] = "envelope"
+
+    [ask] = structure_checkpoint(data).more_requests
+
+    assert (
+        HumanOption("email", "Email"),
+        HumanOption("sms", "Text message", "Only if they opted in"),
+    ) == ask.options
+
+
+def test_v1_migration_keeps_a_time_the_request_already_has() -> None:
+    data = _golden()
+    data["request"]["created_at"] = "2025-05-06T07:08:09+00:00"
+
+    checkpoint = structure_checkpoint(data)
+
+    assert datetime.datetime(2025, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc) == (
+        checkpoint.request.created_at
+    )
 
 
 def test_golden_v2_checkpoint_writes_back_unchanged() -> None:

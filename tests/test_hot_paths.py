@@ -315,10 +315,11 @@ def test_arguments_that_are_not_an_object_are_refused_with_their_path() -> None:
     odd = ToolCall("call_1", "refund", [("order_id", "7")])  # type: ignore[arg-type]
     base = _checkpoint()
 
-    with pytest.raises(CheckpointSerializationError, match="must be a JSON object") as info:
-        unstructure_checkpoint(attrs.evolve(base, pending_tool_calls=(odd,)))
+    for unstructure_it in (unstructure_checkpoint, unstructure):
+        with pytest.raises(CheckpointSerializationError, match="must be a JSON object") as info:
+            unstructure_it(attrs.evolve(base, pending_tool_calls=(odd,)))
 
-    assert "pending_tool_calls[0].arguments" == info.value.path
+        assert "pending_tool_calls[0].arguments" == info.value.path
 
 
 def test_an_empty_read_only_view_inside_the_data_is_refused_like_a_full_one() -> None:
