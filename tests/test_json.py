@@ -319,6 +319,11 @@ class TestNotJSON:
             unstructure_event(ToolCallStarted(_call(bad)))
         assert caught.value.path == "tool_call.arguments['when']"
 
+    def test_a_bare_value_that_is_not_json_is_named_by_its_type(self) -> None:
+        with pytest.raises(CheckpointSerializationError, match="^set is a set") as caught:
+            unstructure({1, 2})
+        assert caught.value.path == "set"
+
     def test_a_key_that_is_not_a_string_is_refused(self) -> None:
         with pytest.raises(CheckpointSerializationError, match="keys") as caught:
             unstructure(ToolCall("c", "t", {"n": {1: "one"}}))
