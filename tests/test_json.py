@@ -214,7 +214,15 @@ class TestTaggedEvents:
             structure_event(value)
 
     @pytest.mark.parametrize(
-        "data", [{}, {"text": "x"}, {"type": "reasoning"}, {"type": 1}, {"type": "TextDelta"}]
+        "data",
+        [
+            {},
+            {"text": "x"},
+            {"type": "reasoning"},
+            {"type": 1},
+            {"type": "TextDelta"},
+            {"type": ["text_delta"]},
+        ],
     )
     def test_an_unknown_or_missing_type_is_refused_naming_the_known_ones(
         self, data: dict[str, Any]
@@ -320,9 +328,16 @@ class TestNotJSON:
         assert caught.value.path == "tool_call.arguments['when']"
 
     def test_a_bare_value_that_is_not_json_is_named_by_its_type(self) -> None:
-        with pytest.raises(CheckpointSerializationError, match="^set is a set") as caught:
+        with pytest.raises(CheckpointSerializationError, match=r"^set is a set") as caught:
             unstructure({1, 2})
         assert caught.value.path == "set"
+
+    def test_a_list_that_contains_itself_is_refused_naming_the_path(self) -> None:
+        loop: list[Any] = [1]
+        loop.append(loop)
+        with pytest.raises(CheckpointSerializationError, match="contains itself") as caught:
+            unstructure(loop)
+        assert caught.value.path == "list[1]"
 
     def test_a_key_that_is_not_a_string_is_refused(self) -> None:
         with pytest.raises(CheckpointSerializationError, match="keys") as caught:

@@ -23,6 +23,7 @@ from runlet import (
     ConfigurationError,
     Message,
     ModelRequest,
+    ReasoningPart,
     RunletError,
     Runtime,
     ToolCall,
@@ -49,6 +50,9 @@ class TestMessage:
         assert Message.user("u") == Message("user", "u")
         assert Message.assistant() == Message("assistant", "")
         assert Message.assistant("a", calls).tool_calls == tuple(calls)
+        # Built directly from lists, a message still holds tuples.
+        direct = Message("assistant", "a", calls, reasoning=[ReasoningPart("r")])  # type: ignore[arg-type]
+        assert (tuple(calls), (ReasoningPart("r"),)) == (direct.tool_calls, direct.reasoning)
         assert Message.tool(result) == Message("tool", "done", (), result)
 
     def test_role_is_checked(self) -> None:
