@@ -69,6 +69,12 @@ class TestUsage:
         total = Usage(1, 2, 1) + Usage(10, 20, 1)
         assert total == Usage(input_tokens=11, output_tokens=22, requests=2)
 
+    def test_every_count_adds_up(self) -> None:
+        first = Usage(1, 2, 3, cache_read_tokens=4, cache_write_tokens=5)
+        second = Usage(10, 20, 30, cache_read_tokens=40, cache_write_tokens=50)
+
+        assert Usage(11, 22, 33, cache_read_tokens=44, cache_write_tokens=55) == first + second
+
     def test_refuses_other_types(self) -> None:
         with pytest.raises(TypeError):
             Usage() + 1  # type: ignore[operator]
