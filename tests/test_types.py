@@ -114,6 +114,15 @@ class TestToolSpec:
     def test_usable_timeouts(self, timeout: float | None) -> None:
         assert timeout == ToolSpec("t", "d", {}, noop, timeout=timeout).timeout
 
+    @pytest.mark.parametrize("expires", [0, -1.0, float("inf"), float("nan"), "60", True])
+    def test_expires_after_must_be_a_positive_finite_number(self, expires: Any) -> None:
+        with pytest.raises(ConfigurationError, match="expires_after must be a positive number"):
+            ToolSpec("t", "d", {}, noop, expires_after=expires)
+
+    @pytest.mark.parametrize("expires", [None, 1, 0.5])
+    def test_usable_expiries(self, expires: float | None) -> None:
+        assert expires == ToolSpec("t", "d", {}, noop, expires_after=expires).expires_after
+
     async def test_validator_is_compiled_once_not_per_call(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
