@@ -159,6 +159,12 @@ def test_shown_arguments_are_what_json_dumps_writes(arguments: dict[str, Any]) -
     assert expected == show_arguments(arguments)
 
 
+def test_read_only_arguments_are_shown_as_the_json_object_they_hold() -> None:
+    view = types.MappingProxyType({"order_id": "7", "amount": 5})
+
+    assert '{"amount": 5, "order_id": "7"}' == show_arguments(view)
+
+
 @given(json_objects)
 def test_encoded_tool_results_are_what_json_dumps_writes(value: dict[str, Any]) -> None:
     assert json.dumps(value, ensure_ascii=False, allow_nan=False) == _encode(value)

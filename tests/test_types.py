@@ -123,6 +123,24 @@ class TestToolSpec:
     def test_usable_expiries(self, expires: float | None) -> None:
         assert expires == ToolSpec("t", "d", {}, noop, expires_after=expires).expires_after
 
+    async def test_schema_problems_tell_the_model_where_they_are(self) -> None:
+        schema = {
+            "type": "object",
+            "properties": {"order": {"type": "object", "properties": {"id": {"type": "string"}}}},
+            "required": ["order"],
+        }
+        spec = ToolSpec("t", "d", schema, noop)
+        model = ScriptedModel([[call("t", id="c1", order={"id": 7}), call("t", id="c2")], "done"])
+
+        await Runtime().run(Agent("a", "i", model, (spec,)), "go")
+
+        again = " Call it again with arguments that match its input schema."
+        assert [
+            "Invalid arguments for tool 't': at ['order']['id']: 7 is not of type \"string\"."
+            + again,
+            "Invalid arguments for tool 't': \"order\" is a required property." + again,
+        ] == [message.content for message in model.requests[1].messages[-2:]]
+
     async def test_validator_is_compiled_once_not_per_call(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
