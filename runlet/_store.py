@@ -13,7 +13,6 @@ Two protocols:
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from ._errors import (
 from ._human import Decision, HumanRequest
 from ._messages import ToolResult
 from ._result import RunResult
+from ._util import is_seconds
 
 __all__ = [
     "CallRecord",
@@ -326,15 +326,6 @@ def check_limit(limit: object) -> None:
     """Refuse a ``list_pending`` limit that is not a positive int."""
     if type(limit) is not int or limit < 1:
         raise ConfigurationError(f"list_pending(limit=...) must be a positive int, not {limit!r}.")
-
-
-def is_seconds(value: object, *, positive: bool = False) -> bool:
-    """Whether *value* is a finite, non-negative (or, if *positive*, positive) number of
-    seconds: an ``int`` or ``float`` (a ``bool`` is not a number of seconds)."""
-    if type(value) is not int and type(value) is not float:
-        return False
-    seconds: float = value
-    return (seconds > 0 if positive else seconds >= 0) and seconds < math.inf
 
 
 def check_lease(lease: object) -> None:

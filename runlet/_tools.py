@@ -14,6 +14,7 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
+from ._util import is_seconds
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -248,9 +249,7 @@ class ToolSpec:
                     f"Tool {name!r}: {flag} must be True or False, not {getattr(self, flag)!r}."
                 )
         expires = self.expires_after
-        if expires is not None and (
-            type(expires) not in (int, float) or not 0 < expires < float("inf")
-        ):
+        if expires is not None and not is_seconds(expires, positive=True):
             raise ConfigurationError(
                 f"Tool {name!r}: expires_after must be a positive number of seconds or "
                 f"None, not {expires!r}."

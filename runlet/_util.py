@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -36,3 +37,12 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
 
     for name in namespace.get("__all__", ()):
         fix(name, namespace[name])
+
+
+def is_seconds(value: object, *, positive: bool = False) -> bool:
+    """Whether *value* is a finite, non-negative (or, if *positive*, positive) number of
+    seconds: an ``int`` or ``float`` (a ``bool`` is not a number of seconds)."""
+    if type(value) is not int and type(value) is not float:
+        return False
+    seconds: float = value
+    return (seconds > 0 if positive else seconds >= 0) and seconds < math.inf

@@ -49,7 +49,6 @@ from .._store import (
     check_lease,
     check_limit,
     claimed_error,
-    is_seconds,
     lease_lost,
     metadata_matches,
     new_token,
@@ -57,6 +56,7 @@ from .._store import (
     resolved_error,
     retired_error,
 )
+from .._util import is_seconds
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from .._errors import ConfigurationError
-from .._store import is_seconds
+from .._util import is_seconds
 from ._sql import SQLStore, Statements, dumps
 
 try:

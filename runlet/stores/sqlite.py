@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Final
 
 from .._errors import ConfigurationError
-from .._store import is_seconds
+from .._util import is_seconds
 from ._sql import SQLStore, Statements, dumps
 
 __all__ = ["SQLiteCheckpointStore"]
