@@ -339,6 +339,14 @@ async def interrupted_inside_handler(
     rt, agent, payments, _, first = await refund_run(
         script=["Done.", "Done again."], **tool_options
     )
+    await cut_off_inside_handler(rt, agent, payments, first)
+    return rt, agent, payments, first
+
+
+async def cut_off_inside_handler(
+    rt: Runtime, agent: Agent, payments: Payments, first: RunResult
+) -> None:
+    """Approve *first*, and cancel the resume while the refund handler runs."""
     payments.block = anyio.Event()
     async with anyio.create_task_group() as group:
 
@@ -349,7 +357,6 @@ async def interrupted_inside_handler(
         await payments.entered.wait()
         group.cancel_scope.cancel()
     payments.block = None
-    return rt, agent, payments, first
 
 
 async def test_an_idempotent_call_cut_off_runs_again_with_the_same_key() -> None:
@@ -395,16 +402,7 @@ async def test_a_call_asked_about_again_gets_a_fresh_request_that_expires_in_ful
         script=["Done."], clock=clock, expires_after=600
     )
     clock.advance(500)
-    payments.block = anyio.Event()
-    async with anyio.create_task_group() as group:
-
-        async def attempt() -> None:
-            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
-
-        group.start_soon(attempt)
-        await payments.entered.wait()
-        group.cancel_scope.cancel()
-    payments.block = None
+    await cut_off_inside_handler(rt, agent, payments, first)
     clock.advance(200)  # past the first request's expiry
 
     again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
