@@ -204,7 +204,14 @@ def checkpoints(
     )
 
 
-usages = st.builds(Usage, _counts, _counts, _counts)
+usages = st.builds(
+    Usage,
+    _counts,
+    _counts,
+    _counts,
+    cache_read_tokens=_counts,
+    cache_write_tokens=_counts,
+)
 
 human_requests: st.SearchStrategy[HumanRequest] = st.builds(
     HumanRequest,
