@@ -53,6 +53,15 @@ class TestReasoningPart:
     def test_redacted(self) -> None:
         assert ReasoningPart(redacted_data="E==", provider="anthropic").redacted
 
+    def test_empty_redacted_data_is_still_redacted(self) -> None:
+        # A redacted_thinking block whose data is empty is still a redacted block: it
+        # has no readable text, and the Anthropic adapter sends it back as one.
+        part = ReasoningPart(redacted_data="", provider="anthropic")
+        assert part.redacted
+        message = Message.assistant("", [ToolCall("c", "t", {})], reasoning=[part])
+        data = json.loads(json.dumps(unstructure_checkpoint(checkpoint_with(message, Usage()))))
+        assert structure_checkpoint(data).transcript[1].reasoning[0].redacted
+
     def test_only_the_text_is_positional(self) -> None:
         with pytest.raises(TypeError):
             ReasoningPart("text", "signature")  # type: ignore[call-arg]
