@@ -82,6 +82,12 @@ class TestRun:
         assert second.instructions == "Be exact."
         assert [t.name for t in second.tools] == ["add"]
 
+    async def test_every_tool_of_the_agent_is_offered_to_the_model_in_order(self) -> None:
+        model = ScriptedModel(["ok"])
+        tools = (tool("add", add, ADD_SCHEMA), tool("b", add), tool("c", add))
+        await Runtime().run(agent(model, *tools), "Hi")
+        assert model.requests[0].tools == tuple(t.definition for t in tools)
+
     async def test_input_messages_start_the_transcript(self) -> None:
         model = ScriptedModel(["ok"])
         history = [Message.user("first"), Message.assistant("noted"), Message.user("second")]

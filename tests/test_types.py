@@ -80,6 +80,18 @@ class TestUsage:
             Usage() + 1  # type: ignore[operator]
 
 
+class TestModelTypes:
+    def test_a_response_without_usage_counts_nothing(self) -> None:
+        assert runlet.ModelResponse(Message.assistant("x")).usage == Usage()
+
+    def test_a_tool_call_delta_holds_no_argument_text_unless_given(self) -> None:
+        first = runlet.ToolCallDelta(0, "c1", "t")
+        rest = runlet.ToolCallDelta(0, arguments='{"a": 1}')
+        assert (first.id, first.name, first.arguments) == ("c1", "t", "")
+        assert first.arguments + rest.arguments == '{"a": 1}'
+        assert (rest.id, rest.name) == (None, None)
+
+
 class TestToolSpec:
     def test_definition_never_holds_the_handler(self) -> None:
         spec = ToolSpec("t", "d", {"type": "object"}, noop)
@@ -210,6 +222,19 @@ class TestAgent:
         with pytest.raises(ConfigurationError, match="async def complete"):
             Agent("a", "i", model)
 
+    def test_a_complete_that_cannot_be_called_is_refused(self) -> None:
+        async def answer(request: ModelRequest) -> Any:
+            raise AssertionError("not called")  # pragma: no cover
+
+        uncallable = type("Uncallable", (), {})()
+        uncallable.__call__ = answer  # an instance attribute does not make it callable
+
+        class Model:
+            complete = uncallable
+
+        with pytest.raises(ConfigurationError, match="async def complete"):
+            Agent("a", "i", Model())  # type: ignore[arg-type]
+
     def test_a_callable_object_with_an_async_call_is_a_complete_method(self) -> None:
         class Complete:
             async def __call__(self, request: ModelRequest) -> Any:
@@ -279,6 +304,13 @@ class TestScriptedModel:
             await Runtime().run(Agent("a", "i", model), "hi")
         assert caught.value.__cause__ is None  # raised by the script, not wrapped
 
+    async def test_a_function_answering_a_list_that_is_not_all_tool_calls_is_refused(
+        self,
+    ) -> None:
+        model = ScriptedModel(lambda request: [call("t"), "x"])
+        with pytest.raises(runlet.ModelResponseError, match="function in the script returned list"):
+            await model.complete(ModelRequest("i", (Message.user("x"),), (), {}))
+
     async def test_stream_is_annotated_and_used_as_an_async_context_manager(self) -> None:
         hints = typing.get_type_hints(ScriptedModel.stream)
         assert contextlib.AbstractAsyncContextManager is typing.get_origin(hints["return"])
@@ -296,6 +328,27 @@ class TestScriptedModel:
     def test_call_helper(self) -> None:
         assert call("t", {"a": 1}, b=2, id="x") == ToolCall("x", "t", {"a": 1, "b": 2})
         assert call("t").id != call("t").id
+
+    def test_call_helper_keywords_override_the_arguments_dict(self) -> None:
+        assert call("t", {"a": 1, "b": 1}, b=2).arguments == {"a": 1, "b": 2}
+
+    async def test_message_and_str_and_tool_call_answers_carry_the_scripted_usage(self) -> None:
+        class Text(str):
+            pass
+
+        @attrs.frozen
+        class Call(ToolCall):
+            pass
+
+        usage = Usage(input_tokens=7, output_tokens=3, requests=1)
+        script = [Message.assistant("m"), Text("s"), Call("c", "t", {}), [call("t", id="l")]]
+        model = ScriptedModel(script, usage=usage)
+        request = ModelRequest("i", (Message.user("x"),), (), {})
+        answers = [await model.complete(request) for _ in script]
+        assert [a.usage for a in answers] == [usage] * 4
+        assert [a.message.content for a in answers] == ["m", "s", "", ""]
+        assert [[c.id for c in a.message.tool_calls] for a in answers] == [[], [], ["c"], ["l"]]
+        assert all(a.message.role == "assistant" for a in answers)
 
     @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, "2"])
     def test_chunk_size_must_be_a_positive_int(self, chunk_size: Any) -> None:
@@ -335,6 +388,70 @@ class TestPublicSurface:
             if inspect.isclass(obj) and issubclass(obj, BaseException):
                 assert issubclass(obj, RunletError), name
                 assert obj.__doc__
+
+    @pytest.mark.parametrize(
+        ("error", "parent"),
+        [
+            ("ConfigurationError", "RunletError"),
+            ("CheckpointStoreRequiredError", "ConfigurationError"),
+            ("StoreSchemaError", "ConfigurationError"),
+            ("ModelError", "RunletError"),
+            ("ModelResponseError", "ModelError"),
+            ("ModelAPIError", "ModelError"),
+            ("ModelConnectionError", "ModelError"),
+            ("MaxTurnsExceededError", "RunletError"),
+            ("HumanResponseError", "RunletError"),
+            ("HumanResponseConflictError", "HumanResponseError"),
+            ("HumanRequestExpiredError", "HumanResponseError"),
+            ("ResumeError", "RunletError"),
+            ("CheckpointNotFoundError", "ResumeError"),
+            ("CheckpointCancelledError", "CheckpointNotFoundError"),
+            ("CheckpointClaimedError", "ResumeError"),
+            ("CheckpointResolvedError", "ResumeError"),
+            ("LeaseLostError", "ResumeError"),
+            ("MissingToolError", "ResumeError"),
+            ("CheckpointSerializationError", "RunletError"),
+        ],
+    )
+    def test_each_error_sits_where_the_documented_tree_puts_it(
+        self, error: str, parent: str
+    ) -> None:
+        # A web handler maps errors to statuses by class alone, so the tree is public.
+        assert getattr(runlet, error).__bases__ == (getattr(runlet, parent),)
+
+    def test_errors_keep_their_fields_and_message(self) -> None:
+        resolution = object()
+        errors = [
+            (runlet.StoreSchemaError("m", found=9, expected=2), {"found": 9, "expected": 2}),
+            (runlet.ModelAPIError("m", status_code=429, body="slow"), {"status_code": 429}),
+            (runlet.ModelAPIError("m", status_code=500), {"body": None}),
+            (runlet.MaxTurnsExceededError("m", max_turns=3), {"max_turns": 3}),
+            (runlet.HumanResponseConflictError("m", checkpoint_id="cp"), {"checkpoint_id": "cp"}),
+            (
+                runlet.HumanRequestExpiredError("m", checkpoint_id="cp", request_id="r"),
+                {"checkpoint_id": "cp", "request_id": "r"},
+            ),
+            (runlet.CheckpointNotFoundError("m", checkpoint_id="cp"), {"checkpoint_id": "cp"}),
+            (
+                runlet.CheckpointResolvedError("m", checkpoint_id="cp", resolution=resolution),
+                {"checkpoint_id": "cp", "resolution": resolution},
+            ),
+            (runlet.CheckpointResolvedError("m", checkpoint_id="cp"), {"resolution": None}),
+            (
+                runlet.MissingToolError("m", checkpoint_id="cp", tool_name="refund"),
+                {"checkpoint_id": "cp", "tool_name": "refund"},
+            ),
+            (
+                runlet.CheckpointSerializationError("m", path="metadata['x']"),
+                {"path": "metadata['x']"},
+            ),
+            (runlet.CheckpointSerializationError("m"), {"path": None}),
+        ]
+        for error, fields in errors:
+            assert str(error) == "m", type(error).__name__
+            for field, value in fields.items():
+                assert getattr(error, field) is value or getattr(error, field) == value, field
+        assert runlet.ModelAPIError("m", status_code=429, body="slow").body == "slow"
 
     def test_errors_raised_on_purpose_are_runlet_errors(self) -> None:
         # Python's own protocol exceptions; TypeError and ValueError inside the checkpoint
