@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from runlet import HumanRequest, ToolCall
-from runlet.demo import decide, demo, main, scripted_support
+import runlet.demo
+from runlet import Checkpoint, HumanRequest, ToolCall, structure_checkpoint
+from runlet.demo import decide, demo, main, make_model, parse, scripted_support
 from runlet.testing import ScriptedModel
 
 
@@ -35,6 +40,21 @@ class TestDemo:
         assert "[interrupted: approval]" in shown
         assert "bytes of JSON" in shown
 
+    async def test_each_checkpoint_goes_back_to_the_store_through_json(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        restored: list[Checkpoint] = []
+
+        def structure(data: Any) -> Checkpoint:
+            assert json.loads(json.dumps(data)) == data  # plain JSON, as a database keeps it
+            restored.append(structure_checkpoint(data))
+            return restored[-1]
+
+        monkeypatch.setattr(runlet.demo, "structure_checkpoint", structure)
+        output = await demo(ScriptedModel(scripted_support), None)
+        assert output == "Done: order 123 refunded as card."
+        assert [c.request.kind for c in restored] == ["choice", "approval"]
+
     async def test_person_picks_credit_and_edits_the_order(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("2", "e", "999"))
         assert output == "Done: order 999 refunded as credit."
@@ -42,6 +62,18 @@ class TestDemo:
     async def test_person_rejects_the_refund(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("1", "r"))
         assert output == "Understood: I did not issue the refund."
+
+    async def test_pressing_enter_picks_the_first_option_and_approves(self) -> None:
+        output = await demo(ScriptedModel(scripted_support), answers("", "  "))
+        assert output == "Done: order 123 refunded as card."
+
+    async def test_answers_are_read_whatever_their_case(self) -> None:
+        output = await demo(ScriptedModel(scripted_support), answers("1", " R "))
+        assert output == "Understood: I did not issue the refund."
+
+    async def test_an_empty_new_order_id_keeps_the_old_one(self) -> None:
+        output = await demo(ScriptedModel(scripted_support), answers("2", "E", ""))
+        assert output == "Done: order 123 refunded as credit."
 
     async def test_input_requests_take_the_typed_text(self) -> None:
         request = HumanRequest("req_1", "input", "Order number?", tool_call=ToolCall("c", "t"))
@@ -51,12 +83,58 @@ class TestDemo:
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_command_line_runs_on_each_backend(
-    backend: str, capsys: pytest.CaptureFixture[str]
+    backend: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    loops: list[str] = []
+    real_demo = runlet.demo.demo
+
+    async def demo_noting_the_loop(*args: Any) -> str:
+        try:
+            asyncio.get_running_loop()
+            loops.append("asyncio")
+        except RuntimeError:  # no asyncio loop: trio runs this
+            loops.append("trio")
+        return await real_demo(*args)
+
+    monkeypatch.setattr(runlet.demo, "demo", demo_noting_the_loop)
     assert main(["--yes", "--backend", backend]) == 0
+    assert loops == [backend]
     shown = capsys.readouterr().out
     assert f"Runlet demo on {backend}" in shown
     assert "agent: Done: order 123 refunded as card." in shown
+
+
+def test_command_line_without_a_terminal_answers_by_itself(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a tty: nobody to ask
+
+    assert main([]) == 0
+
+    assert "agent: Done: order 123 refunded as card." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "model"),
+    [
+        (
+            ["--provider", "openai", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"],
+            "OpenAIChatModel(model='m', url='http://127.0.0.1:9/v1/chat/completions')",
+        ),
+        (["--provider", "openai"], "OpenAIChatModel(model='gpt-4o-mini', "),
+        (
+            ["--provider", "anthropic", "--model", "m", "--base-url", "http://127.0.0.1:9"],
+            "AnthropicModel(model='m', url='http://127.0.0.1:9/v1/messages')",
+        ),
+        (["--provider", "anthropic"], "AnthropicModel(model='claude-sonnet-4-5', "),
+    ],
+)
+def test_provider_options_choose_the_model(argv: list[str], model: str) -> None:
+    assert repr(make_model(parse(argv))).startswith(model)
+
+
+def test_the_default_model_is_the_offline_script() -> None:
+    assert isinstance(make_model(parse([])), ScriptedModel)
 
 
 @pytest.mark.parametrize(
