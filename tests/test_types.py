@@ -92,6 +92,15 @@ class TestModelTypes:
         assert (rest.id, rest.name) == (None, None)
 
 
+class TestRunResult:
+    def test_results_differing_only_in_pending_requests_are_not_equal(self) -> None:
+        request = runlet.HumanRequest("r1", "input", "Name?", tool_call=ToolCall("c", "t"))
+        result = runlet.RunResult(status="interrupted", transcript=(), usage=Usage(), run_id="r")
+        assert result.pending_requests == ()
+        assert result.decisions == ()
+        assert result != attrs.evolve(result, pending_requests=(request,))
+
+
 class TestToolSpec:
     def test_definition_never_holds_the_handler(self) -> None:
         spec = ToolSpec("t", "d", {"type": "object"}, noop)
