@@ -302,6 +302,11 @@ class TestScriptedModel:
         with pytest.raises(ConfigurationError, match=message):
             ScriptedModel(script)
 
+    async def test_a_tuple_of_tool_calls_is_one_answer(self) -> None:
+        model = ScriptedModel([(call("t", id="a"), call("t", id="b"))])
+        response = await model.complete(ModelRequest("i", (Message.user("x"),), (), {}))
+        assert [c.id for c in response.message.tool_calls] == ["a", "b"]
+
     def test_usage_must_be_a_usage(self) -> None:
         with pytest.raises(ConfigurationError, match="usage must be a Usage"):
             ScriptedModel([], usage=3)  # type: ignore[arg-type]
