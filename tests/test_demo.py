@@ -8,14 +8,24 @@ import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import runlet.demo
-from runlet import Checkpoint, HumanRequest, ToolCall, structure_checkpoint
-from runlet.demo import decide, demo, main, make_model, parse, scripted_support
-from runlet.testing import ScriptedModel
+from runlet import (
+    Agent,
+    Checkpoint,
+    HumanRequest,
+    Runtime,
+    ToolCall,
+    ask_human,
+    structure_checkpoint,
+)
+from runlet.demo import decide, demo, durable_demo, main, make_model, parse, scripted_support
+from runlet.stores.sqlite import SQLiteCheckpointStore
+from runlet.testing import ScriptedModel, call
 
 
 def answers(*replies: str) -> Callable[[str], Awaitable[str]]:
@@ -74,6 +84,27 @@ class TestDemo:
     async def test_an_empty_new_order_id_keeps_the_old_one(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("2", "E", ""))
         assert output == "Done: order 123 refunded as credit."
+
+    async def test_input_requests_are_answered_yes_without_a_terminal(self) -> None:
+        request = HumanRequest("req_1", "input", "Go on?", tool_call=ToolCall("c", "t"))
+        response = await decide(request, None)
+        assert (response.action, response.value) == ("submit", "yes")
+
+    async def test_answering_waiting_runs_leaves_other_agents_runs_alone(
+        self, tmp_path: Path
+    ) -> None:
+        path = str(tmp_path / "demo.db")
+        question = call("ask_human", kind="input", prompt="Name?")
+        other = Agent("other", "", ScriptedModel([question]), (ask_human(),))
+        async with SQLiteCheckpointStore(path) as store:
+            waiting = await Runtime(checkpoint_store=store).run(other, "hi")
+
+        output = await durable_demo(ScriptedModel(scripted_support), None, path, mode="both")
+
+        assert output == "Done: order 123 refunded as card."
+        async with SQLiteCheckpointStore(path) as store:
+            still = [found.checkpoint_id for found in await store.list_pending()]
+        assert still == [waiting.checkpoint_id]
 
     async def test_input_requests_take_the_typed_text(self) -> None:
         request = HumanRequest("req_1", "input", "Order number?", tool_call=ToolCall("c", "t"))
