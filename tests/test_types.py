@@ -296,11 +296,30 @@ class TestScriptedModel:
             (["ok", [call("t"), "x"]], "Script item 2: got list"),
             ("Hello.", "must be a list of answers or a function of the request, not a str"),
             (42, "must be a list of answers or a function"),
+            (b"Hello.", "must be a list of answers or a function of the request, not a bytes"),
         ],
     )
     def test_unusable_scripts_are_refused_at_construction(self, script: Any, message: str) -> None:
         with pytest.raises(ConfigurationError, match=message):
             ScriptedModel(script)
+
+    async def test_a_model_response_answer_keeps_its_own_usage(self) -> None:
+        answer = runlet.ModelResponse(Message.assistant("hi"), Usage(input_tokens=99))
+        model = ScriptedModel([answer], usage=Usage(requests=1))
+        assert await model.complete(ModelRequest("i", (), (), {})) is answer
+
+    async def test_stream_cuts_text_and_arguments_into_chunk_size_pieces(self) -> None:
+        answers = ["abcde", "x", call("t", {"k": 1}, id="c")]
+        model = ScriptedModel(answers, chunk_size=2)
+        request = ModelRequest("i", (Message.user("x"),), (), {})
+        pieces = []
+        for _ in answers:
+            async with model.stream(request) as items:
+                pieces.append([item async for item in items][:-1])
+        assert pieces[0] == [runlet.TextDelta(t) for t in ("ab", "cd", "e")]
+        assert pieces[1] == [runlet.TextDelta("x")]
+        assert "".join(d.arguments for d in pieces[2]) == '{"k": 1}'
+        assert [len(d.arguments) for d in pieces[2]] == [2, 2, 2, 2]
 
     async def test_a_tuple_of_tool_calls_is_one_answer(self) -> None:
         model = ScriptedModel([(call("t", id="a"), call("t", id="b"))])
@@ -364,7 +383,7 @@ class TestScriptedModel:
         assert [[c.id for c in a.message.tool_calls] for a in answers] == [[], [], ["c"], ["l"]]
         assert all(a.message.role == "assistant" for a in answers)
 
-    @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, "2"])
+    @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, "2", True])
     def test_chunk_size_must_be_a_positive_int(self, chunk_size: Any) -> None:
         with pytest.raises(ConfigurationError, match="chunk_size must be a positive"):
             ScriptedModel([], chunk_size=chunk_size)
