@@ -45,11 +45,17 @@ def test_store_in_one_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ],
 )
 def test_store_options_are_checked(
-    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    problem: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # should the check fail, x.db is made here
     with pytest.raises(SystemExit):
         main(argv)
     assert problem in capsys.readouterr().err
+    assert [] == list(tmp_path.iterdir())
 
 
 def test_two_real_processes(tmp_path: Path) -> None:
