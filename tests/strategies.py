@@ -117,6 +117,14 @@ human_options = st.lists(
 
 _KINDS: tuple[HumanRequestKind, ...] = ("approval", "choice", "input")
 _counts = st.integers(min_value=0, max_value=2**40)
+usages = st.builds(
+    Usage,
+    _counts,
+    _counts,
+    _counts,
+    cache_read_tokens=_counts,
+    cache_write_tokens=_counts,
+)
 
 
 times = st.datetimes(
@@ -190,28 +198,10 @@ def checkpoints(
         request=requests[0],
         more_requests=tuple(requests[1:]),
         decisions=tuple(draw(st.lists(decisions, max_size=2))),
-        usage=draw(
-            st.builds(
-                Usage,
-                _counts,
-                _counts,
-                _counts,
-                cache_read_tokens=_counts,
-                cache_write_tokens=_counts,
-            )
-        ),
+        usage=draw(usages),
         turns=draw(_counts),
     )
 
-
-usages = st.builds(
-    Usage,
-    _counts,
-    _counts,
-    _counts,
-    cache_read_tokens=_counts,
-    cache_write_tokens=_counts,
-)
 
 human_requests: st.SearchStrategy[HumanRequest] = st.builds(
     HumanRequest,

@@ -812,28 +812,34 @@ async def test_a_lost_lease_stops_the_resume() -> None:
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
 
+class FailingResolve(InMemoryCheckpointStore):
+    """A store whose next *failures* resolves raise ``OSError("disk full")``."""
+
+    def __init__(self, failures: int = 1_000_000) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("disk full")
+        await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
+
+
 async def test_a_failing_resolve_releases_the_claim() -> None:
-    class Failing(InMemoryCheckpointStore):
-        fail = True
-
-        async def resolve(
-            self,
-            checkpoint_id: str,
-            token: str,
-            resolution: Resolution,
-            next_checkpoint: Checkpoint | None = None,
-        ) -> None:
-            if self.fail:
-                raise OSError("disk full")
-            await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
-
-    store = Failing()
+    store = FailingResolve()
     rt, agent, payments, _, first = await refund_run(store=store, script=["Done.", "Done."])
     with pytest.raises(OSError, match="disk full"):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert "pending" == (await store.get(cp(first))).status
 
-    store.fail = False
+    store.failures = 0
     result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert "completed" == result.status
     assert 1 == len(payments.attempts)
@@ -911,17 +917,7 @@ async def test_stream_resume_gives_the_same_events_and_result_as_stream() -> Non
 
 
 async def test_stream_resume_reports_the_next_interruption_only_once_it_is_saved() -> None:
-    class Failing(InMemoryCheckpointStore):
-        async def resolve(
-            self,
-            checkpoint_id: str,
-            token: str,
-            resolution: Resolution,
-            next_checkpoint: Checkpoint | None = None,
-        ) -> None:
-            raise OSError("disk full")
-
-    store = Failing()
+    store = FailingResolve()
     rt, agent, _, _, first = await refund_run(
         store=store, script=[call("refund", id="c2", order_id="2")]
     )
@@ -1561,31 +1557,16 @@ async def test_expire_after_a_failed_attempt_keeps_the_recorded_answer() -> None
 
 
 async def test_expire_repeated_after_a_failed_attempt_returns_its_result() -> None:
-    class FailingOnce(InMemoryCheckpointStore):
-        failed = False
-
-        async def resolve(
-            self,
-            checkpoint_id: str,
-            token: str,
-            resolution: runlet.Resolution,
-            next_checkpoint: runlet.Checkpoint | None = None,
-        ) -> None:
-            if not self.failed:
-                self.failed = True
-                raise OSError("connection lost")
-            await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
-
     clock = Clock()
     payments = Payments()
     model = ScriptedModel(
         [[call("refund", id="a", order_id="1"), call("refund", id="b", order_id="2")], "Done."]
     )
     agent = agent_with(model, refund_spec(payments, expires_after=60))
-    rt = Runtime(checkpoint_store=FailingOnce(), clock=clock)
+    rt = Runtime(checkpoint_store=FailingResolve(failures=1), clock=clock)
     first = await rt.run(agent, "Refund both.")
     one = HumanResponse(first.pending_requests[0].id, "approve")
-    with pytest.raises(OSError, match="connection lost"):  # recorded, then not resolved
+    with pytest.raises(OSError, match="disk full"):  # recorded, then not resolved
         await rt.resume(agent, checkpoint_id=cp(first), responses=[one])
     clock.advance(120)
 
