@@ -435,16 +435,8 @@ async def _continue(
         failures: list[Exception] = []
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
-                group.start_soon(
-                    _run_approved_or_stop,
-                    group.cancel_scope,
-                    failures,
-                    run,
-                    call,
-                    decision,
-                    results,
-                    record,
-                )
+                work = partial(_run_approved, run, call, decision, results, record)
+                group.start_soon(_or_stop, work, group.cancel_scope, failures)
         if failures:
             raise failures[0]
 
@@ -510,17 +502,12 @@ async def _run_approved(
         await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
 
 
-async def _run_approved_or_stop(
-    scope: anyio.CancelScope,
-    failures: list[Exception],
-    run: RunState,
-    call: ToolCall,
-    decision: Decision,
-    results: dict[str, ToolResult],
-    record: Record | None,
+async def _or_stop(
+    work: Callable[[], Awaitable[None]], scope: anyio.CancelScope, failures: list[Exception]
 ) -> None:
+    """Await *work*; if it fails, keep its exception and cancel *scope* (its siblings)."""
     try:
-        await _run_approved(run, call, decision, results, record)
+        await work()
     except Exception as exc:  # noqa: BLE001 - raised by _continue, after the task group
         failures.append(exc)
         scope.cancel()
