@@ -289,11 +289,16 @@ class TestMalformedAnswers:
                 await model.complete(ask())
 
     async def test_error_in_success_body(self, server: ModelServer) -> None:
-        server.reply(Reply(json={"error": {"message": "model not loaded", "code": 503}}))
+        # A 503 as an HTTP status would be retried; reported in a 200 answer, it is not.
+        server.reply(
+            Reply(json={"error": {"message": "model not loaded", "code": 503}}),
+            Reply(json=openai_completion("ok")),
+        )
         async with make(server) as model:
             with pytest.raises(ModelAPIError, match="model not loaded") as info:
                 await model.complete(ask())
         assert info.value.status_code == 503
+        assert len(server.requests) == 1
 
 
 class TestErrorsAndRetries:

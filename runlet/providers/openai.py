@@ -286,8 +286,10 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
     success status: an API error, not a malformed answer. OpenAI reports an error that
     happens mid-stream this way; so do some compatible servers for any error.
 
-    It gets the status the same error would have had as an HTTP answer, so it is as
-    retryable (or not) as that answer."""
+    It carries the status the same error would have had as an HTTP answer (its
+    ``status_code``, and the hint in its message), so an application can tell a rate
+    limit from a bad request. It is never retried: the server did answer, and a stream
+    may already have handed out part of its reply."""
     if not isinstance(data, dict) or data.get("error") is None or "choices" in data:
         return None
     error = data["error"]
