@@ -15,11 +15,14 @@ from _store_semantics import T0, checkpoint, decision, semantics_tests, sql_stor
 from conftest import BACKENDS
 
 from runlet import (
+    Agent,
     CallRecord,
     CheckpointClaimedError,
     CheckpointSerializationError,
     ConfigurationError,
+    Runtime,
     StoreSchemaError,
+    ToolSpec,
 )
 
 try:
@@ -36,7 +39,7 @@ from runlet._checkpoint import unstructure
 from runlet.stores import postgres
 from runlet.stores._sql import dumps
 from runlet.stores.postgres import PostgresCheckpointStore
-from runlet.testing import store_conformance_tests
+from runlet.testing import ScriptedModel, call, store_conformance_tests
 
 _server: list[str] = []
 
@@ -104,6 +107,55 @@ async def test_workers_share_the_tables_and_the_claims() -> None:
             group.start_soon(worker, n, store)
     assert (1, 5) == (len(claimed), len(refused))
     assert [(1,)] == execute(conninfo, "SELECT version FROM runlet_schema")
+
+
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        ({"checkpoint_id": "cp\x00"}, "id"),
+        ({"run_id": "run\x00"}, "run_id"),
+        ({"agent_name": "support\x00"}, "agent_name"),
+    ],
+)
+async def test_a_checkpoint_text_cannot_hold_is_refused_by_name(
+    changes: dict[str, Any], path: str
+) -> None:
+    # PostgreSQL text cannot hold U+0000: the error names the value, not a psycopg error.
+    async with pg_store(60.0) as store:
+        with pytest.raises(CheckpointSerializationError, match="U\\+0000") as info:
+            await store.save(checkpoint(**changes))
+        assert info.value.path == path
+        assert await store.list_pending() == []
+
+
+async def test_a_model_call_id_with_a_nul_character_fails_the_run_when_it_interrupts() -> None:
+    # Records are kept by call id; refusing at the save beats a resume that can never
+    # record (nothing would run twice, but the run would be stuck).
+    pay = ToolSpec("pay", "Pay.", {"type": "object"}, _pay, requires_approval=True)
+    model = ScriptedModel([call("pay", id="call\x001")])
+    async with pg_store(60.0) as store:
+        runtime = Runtime(checkpoint_store=store)
+        agent = Agent(name="payer", instructions="", model=model, tools=(pay,))
+        with pytest.raises(CheckpointSerializationError) as info:
+            await runtime.run(agent, "Pay it.")
+        assert info.value.path == "transcript[-1].tool_calls[0].id"
+        assert await store.list_pending() == []
+
+
+async def test_a_record_whose_call_id_text_cannot_hold_is_refused_by_name() -> None:
+    async with pg_store(60.0) as store:
+        saved = checkpoint()
+        await store.save(saved)
+        claim = await store.claim("cp_1")
+        record = CallRecord(tool_call_id="call\x00", decision=decision(saved))
+        with pytest.raises(CheckpointSerializationError) as info:
+            await store.record("cp_1", claim.token, [record])
+        assert info.value.path == "records[0].tool_call_id"
+        assert (await store.get("cp_1")).records == ()
+
+
+async def _pay(arguments: Any, context: Any) -> str:
+    raise AssertionError("never runs")  # pragma: no cover
 
 
 async def test_a_database_of_an_unknown_schema_version_is_refused() -> None:

@@ -36,7 +36,7 @@ from .._checkpoint import (
     unstructure,
     unstructure_checkpoint,
 )
-from .._errors import ConfigurationError, StoreSchemaError
+from .._errors import CheckpointSerializationError, ConfigurationError, StoreSchemaError
 from .._human import Decision
 from .._store import (
     CallRecord,
@@ -111,6 +111,8 @@ class SQLStore:
 
     _sql: Statements
     _name: str
+    # Whether the database's text columns can hold U+0000 (PostgreSQL's cannot).
+    _text_holds_nul = True
 
     def __init__(
         self, *, lease: float | None, connections: int, argument: str = "connections"
@@ -148,6 +150,18 @@ class SQLStore:
         metadata has every key of *keys*, and equal values for *scalars* where the
         database compares them as Python does. Python checks the rows it returns."""
         raise NotImplementedError
+
+    def _unstorable(self, text: str | None) -> bool:
+        """Whether *text* is a value no row can hold, so a lookup by it finds nothing
+        (and the database is not asked: PostgreSQL refuses such a query)."""
+        return not self._text_holds_nul and text is not None and "\x00" in text
+
+    def _params(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        """The parameters that save *checkpoint*, after refusing values its text columns
+        cannot hold."""
+        if not self._text_holds_nul:
+            _refuse_nul(checkpoint, self._name)
+        return _checkpoint_params(checkpoint)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -225,11 +239,12 @@ class SQLStore:
         whose state is kept).
 
         Raises:
-            ~runlet.CheckpointSerializationError: The checkpoint holds data that is not JSON.
+            ~runlet.CheckpointSerializationError: The checkpoint holds data that is not
+                JSON, or (PostgreSQL) an id or agent name with the character U+0000.
         """
 
         def work() -> None:
-            params = _checkpoint_params(checkpoint)
+            params = self._params(checkpoint)
             with self._connection(write=True, atomic=False) as conn:
                 conn.execute(self._sql.save, params)
 
@@ -243,6 +258,8 @@ class SQLStore:
                 finished with it (it is retired; :meth:`get` still shows it).
             ~runlet.CheckpointCancelledError: It was cancelled.
         """
+        if self._unstorable(checkpoint_id):
+            raise not_found(checkpoint_id)
 
         def work() -> Checkpoint:
             with self._connection(write=False, atomic=False) as conn:
@@ -259,6 +276,8 @@ class SQLStore:
 
     async def delete(self, checkpoint_id: str) -> None:
         """Forget the checkpoint with its records and outcome; nothing if there is none."""
+        if self._unstorable(checkpoint_id):
+            return
 
         def work() -> None:
             with self._connection(write=True, atomic=True) as conn:
@@ -275,6 +294,8 @@ class SQLStore:
         Raises:
             ~runlet.CheckpointNotFoundError: There is none with this id.
         """
+        if self._unstorable(checkpoint_id):
+            raise not_found(checkpoint_id)
 
         def work() -> StoredCheckpoint:
             with self._connection(write=False, atomic=False) as conn:
@@ -303,6 +324,8 @@ class SQLStore:
             ~runlet.CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
             ~runlet.CheckpointClaimedError: Another claim holds it and its lease has not run out.
         """
+        if self._unstorable(checkpoint_id):
+            raise not_found(checkpoint_id)
         token = new_token()
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
@@ -334,6 +357,8 @@ class SQLStore:
         Raises:
             ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
+        if self._unstorable(checkpoint_id) or self._unstorable(token):
+            raise lease_lost(checkpoint_id)
         params = {"id": checkpoint_id, "token": token, "lease": self._lease}
 
         def work() -> None:
@@ -351,6 +376,11 @@ class SQLStore:
         Raises:
             ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
+        if self._unstorable(checkpoint_id) or self._unstorable(token):
+            raise lease_lost(checkpoint_id)
+        for index, record in enumerate(records):
+            if self._unstorable(record.tool_call_id):
+                raise _nul_error(f"records[{index}].tool_call_id", self._name)
         rows = [
             {
                 "id": checkpoint_id,
@@ -385,11 +415,13 @@ class SQLStore:
         Raises:
             ~runlet.LeaseLostError: *token* no longer holds the checkpoint.
         """
+        if self._unstorable(checkpoint_id) or self._unstorable(token):
+            raise lease_lost(checkpoint_id)
         params = {"id": checkpoint_id, "token": token}
 
         def work() -> None:
             params["resolution"] = dumps(unstructure(resolution))
-            after = None if next_checkpoint is None else _checkpoint_params(next_checkpoint)
+            after = None if next_checkpoint is None else self._params(next_checkpoint)
             with self._connection(write=True, atomic=after is not None) as conn:
                 if conn.execute(self._sql.resolve, params).rowcount != 1:
                     raise lease_lost(checkpoint_id)
@@ -401,6 +433,8 @@ class SQLStore:
     async def release(self, checkpoint_id: str, token: str) -> None:
         """Give the claim back, so the checkpoint is pending again (records are kept).
         Does nothing if *token* no longer holds it."""
+        if self._unstorable(checkpoint_id) or self._unstorable(token):
+            return
 
         def work() -> None:
             with self._connection(write=True, atomic=False) as conn:
@@ -416,6 +450,8 @@ class SQLStore:
             ~runlet.CheckpointClaimedError: A resume holds it right now (its lease holds).
             ~runlet.CheckpointResolvedError: It was already resolved.
         """
+        if self._unstorable(checkpoint_id):
+            raise not_found(checkpoint_id)
 
         def work() -> None:
             with self._connection(write=True, atomic=False) as conn:
@@ -449,8 +485,10 @@ class SQLStore:
             ~runlet.ConfigurationError: *limit* is not a positive int.
         """
         check_limit(limit)
+        if after is not None and self._unstorable(after):
+            raise not_found(after)
         wanted = dict(metadata) if metadata else {}
-        prefilter = _prefilter(wanted)
+        prefilter = None if self._unstorable(agent_name) else _prefilter(wanted)
 
         def work() -> list[PendingRequest]:
             with self._connection(write=False, atomic=False) as conn:
@@ -469,6 +507,8 @@ class SQLStore:
 
     async def decisions(self, run_id: str) -> Sequence[Decision]:
         """Every decision recorded for the run's checkpoints, oldest first."""
+        if self._unstorable(run_id):
+            return []
 
         def work() -> list[Decision]:
             with self._connection(write=False, atomic=False) as conn:
@@ -612,6 +652,33 @@ def _checkpoint_params(checkpoint: Checkpoint) -> dict[str, Any]:
         "data": dumps(data),
         "metadata": _indexed(data.get("metadata", {})),
     }
+
+
+def _refuse_nul(checkpoint: Checkpoint, store: str) -> None:
+    """Refuse a checkpoint whose ids or agent name hold U+0000: they go into text columns
+    (the checkpoint's, and its records' call ids), which cannot hold that character."""
+    if "\x00" in checkpoint.id:
+        raise _nul_error("id", store)
+    if "\x00" in checkpoint.run_id:
+        raise _nul_error("run_id", store)
+    if "\x00" in checkpoint.agent_name:
+        raise _nul_error("agent_name", store, "Give the agent a name without it.")
+    last = checkpoint.transcript[-1].tool_calls if checkpoint.transcript else ()
+    for index, call in enumerate(last):
+        if "\x00" in call.id:
+            raise _nul_error(
+                f"transcript[-1].tool_calls[{index}].id",
+                store,
+                "The model adapter gave this call id; it must not hold that character.",
+            )
+
+
+def _nul_error(path: str, store: str, hint: str = "") -> CheckpointSerializationError:
+    return CheckpointSerializationError(
+        f"{path} holds the character U+0000, which {store} cannot store (PostgreSQL text "
+        f"cannot hold it). {hint}".rstrip(),
+        path=path,
+    )
 
 
 def _checkpoint(text: str) -> Checkpoint:

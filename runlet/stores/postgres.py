@@ -278,6 +278,7 @@ class PostgresCheckpointStore(SQLStore):
 
     _sql = STATEMENTS
     _name = "PostgresCheckpointStore"
+    _text_holds_nul = False
 
     def __init__(
         self,

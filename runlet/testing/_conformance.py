@@ -189,6 +189,39 @@ def store_conformance_tests(
             with pytest.raises(CheckpointNotFoundError):
                 await store.get("cp_1")
 
+        async def test_an_id_with_a_nul_character_names_no_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # Ids come from web requests; PostgreSQL text cannot hold U+0000. Either way
+            # such an id is an unknown one, never a database error nor another checkpoint.
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            for lookup in (store.load, store.get, store.claim, store.cancel):
+                with pytest.raises(CheckpointNotFoundError):
+                    await lookup("cp_1\x00")
+            with pytest.raises(CheckpointNotFoundError):
+                await store.list_pending(after="cp_1\x00")
+            assert await store.list_pending(agent_name="support\x00") == []
+            assert await store.decisions("run_1\x00") == []
+            await store.delete("cp_1\x00")
+            claim = await store.claim("cp_1")
+            stale = claim.token + "\x00"
+            record = CallRecord(
+                tool_call_id=checkpoint.request.tool_call.id,
+                decision=sample_decision(checkpoint),
+            )
+            for wrong_id, token in (("cp_1\x00", claim.token), ("cp_1", stale)):
+                with pytest.raises(LeaseLostError):
+                    await store.renew(wrong_id, token)
+                with pytest.raises(LeaseLostError):
+                    await store.record(wrong_id, token, [record])
+                with pytest.raises(LeaseLostError):
+                    await store.resolve(wrong_id, token, sample_resolution(checkpoint))
+                await store.release(wrong_id, token)
+            stored = await store.get("cp_1")
+            assert (stored.status, stored.records) == ("claimed", ())
+            await store.renew("cp_1", claim.token)
+
         # --- Claims ------------------------------------------------------------------
 
         async def test_a_saved_checkpoint_is_pending(self, store: DurableCheckpointStore) -> None:
