@@ -248,6 +248,14 @@ class TestMalformedAnswers:
             (Reply(raw=b"{"), "not valid JSON"),
             (Reply(json={"type": "message"}), "documented shape"),
             (Reply(json=anthropic_message(None, [("t", "weather", [1])])), "not a JSON object"),
+            (
+                Reply(json=anthropic_message(None, [("t", 5, {})])),  # type: ignore[list-item]
+                "tool call whose name is 5, not a non-empty string",
+            ),
+            (
+                Reply(json=anthropic_message(None, [(7, "weather", {})])),  # type: ignore[list-item]
+                "tool call whose id is 7",
+            ),
         ],
     )
     async def test_malformed(self, server: ModelServer, reply: Reply, match: str) -> None:
@@ -462,6 +470,26 @@ class TestStreaming:
         [
             (sse("not json", "ping"), "not valid JSON"),
             (anthropic_event({"type": "content_block_start", "index": 0}), "documented shape"),
+            (
+                anthropic_event(
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "tool_use", "id": "t", "name": None},
+                    }
+                ),
+                "whose name is None",
+            ),
+            (
+                anthropic_event(
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "tool_use", "id": 7, "name": "weather"},
+                    }
+                ),
+                "whose id is 7",
+            ),
         ],
     )
     async def test_malformed_events(self, server: ModelServer, event: str, match: str) -> None:

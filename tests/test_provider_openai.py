@@ -280,6 +280,11 @@ class TestMalformedAnswers:
                 "not valid JSON",
             ),
             (Reply(json=openai_completion(None, [("c1", "weather", "[1, 2]")])), "not an object"),
+            (
+                Reply(json=openai_completion(None, [("c1", 5, "{}")])),  # type: ignore[list-item]
+                "tool call whose name is 5, not a non-empty string",
+            ),
+            (Reply(json=openai_completion(None, [("c1", "", "{}")])), "whose name is ''"),
         ],
     )
     async def test_malformed(self, server: ModelServer, reply: Reply, match: str) -> None:
@@ -621,6 +626,18 @@ class TestStreaming:
         server.reply(Reply(events=events))
         async with make(server) as model:
             with pytest.raises(ModelResponseError, match="without a function name"):
+                await collect(model, ask())
+
+    async def test_stream_call_whose_name_is_not_a_string(self, server: ModelServer) -> None:
+        function = {"name": 5, "arguments": "{}"}
+        events = (
+            openai_chunk({"tool_calls": [{"index": 0, "id": "a", "function": function}]}),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="whose name is 5"):
                 await collect(model, ask())
 
     async def test_stream_with_bad_json_chunk(self, server: ModelServer) -> None:

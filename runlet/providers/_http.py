@@ -219,6 +219,21 @@ def parse_json(text: str, api: str) -> Any:
         ) from exc
 
 
+def call_text(value: Any, what: str, api: str) -> str:
+    """*value*, a tool call's name or id, if it is a non-empty string.
+
+    Raises:
+        ModelResponseError: It is missing, empty or not a string; a transcript (and a
+            checkpoint) must never hold such a call.
+    """
+    if isinstance(value, str) and value:
+        return value
+    raise ModelResponseError(
+        f"The {api} answer has a tool call whose {what} is {value!r}, not a non-empty "
+        f"string. Check that the server really implements the {api} API."
+    )
+
+
 def parse_arguments(text: str, tool_name: str, api: str) -> dict[str, Any]:
     """Parse a tool call's JSON arguments into a dict.
 

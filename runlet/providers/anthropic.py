@@ -34,6 +34,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     HTTPModel,
     ServerSentEvent,
     api_error,
+    call_text,
     parse_arguments,
     parse_json,
     reading,
@@ -261,8 +262,9 @@ class AnthropicModel(HTTPModel):
                 if kind == "text":
                     texts.append(block["text"])
                 elif kind == "tool_use":
-                    name = block["name"]
-                    calls.append(ToolCall(block["id"], name, _input(block.get("input"), name)))
+                    name = call_text(block.get("name"), "name", _API)
+                    call_id = call_text(block.get("id"), "id", _API)
+                    calls.append(ToolCall(call_id, name, _input(block.get("input"), name)))
                 elif kind == "thinking":
                     reasoning.append(_thinking(block["thinking"], block.get("signature")))
                 elif kind == "redacted_thinking":
@@ -481,7 +483,12 @@ class _Stream:
     def _start(self, index: int, block: Mapping[str, Any]) -> list[ModelStreamItem]:
         kind = block["type"]
         if kind == "tool_use":
-            call = _PartialCall(len(self._calls), block["id"], block["name"], block.get("input"))
+            call = _PartialCall(
+                len(self._calls),
+                call_text(block.get("id"), "id", _API),
+                call_text(block.get("name"), "name", _API),
+                block.get("input"),
+            )
             self._calls[index] = call
             return [ToolCallDelta(call.ordinal, call.id, call.name)]
         if kind == "text" and block.get("text"):

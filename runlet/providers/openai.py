@@ -36,6 +36,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     HTTPModel,
     ServerSentEvent,
     api_error,
+    call_text,
     parse_arguments,
     parse_json,
     reading,
@@ -340,7 +341,7 @@ def _call_id(value: Any, index: int) -> str:
 
 def _tool_call(call: Mapping[str, Any], index: int) -> ToolCall:
     function = call["function"]
-    name = function["name"]
+    name = call_text(function.get("name"), "name", _API)
     arguments = parse_arguments(function.get("arguments") or "", name, _API)
     return ToolCall(_call_id(call.get("id"), index), name, arguments)
 
@@ -448,8 +449,9 @@ class _Stream:
                     f"The {_API} stream sent tool call {index} without a function name. Check "
                     f"that the server really implements the {_API} API."
                 )
-            arguments = parse_arguments("".join(partial.arguments), partial.name, _API)
-            calls.append(ToolCall(_call_id(partial.id, index), partial.name, arguments))
+            name = call_text(partial.name, "name", _API)
+            arguments = parse_arguments("".join(partial.arguments), name, _API)
+            calls.append(ToolCall(_call_id(partial.id, index), name, arguments))
         reasoning = "".join(self._reasoning)
         message = Message.assistant(
             "".join(self._text),
