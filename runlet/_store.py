@@ -364,7 +364,10 @@ class InMemoryCheckpointStore:
     single-process apps. Every operation completes without yielding to the event loop, so
     each is atomic. Resolved and cancelled checkpoints are kept, so that a repeated resume
     returns the stored result, up to *keep_finished* of them: beyond that the oldest are
-    forgotten, so a long-running process does not grow without bound.
+    forgotten, so a long-running process does not grow without bound. A repeated answer
+    comes within seconds (a second click, a client's retry), so the default keeps the
+    latest 1,000: more costs memory (each holds its run's transcript) and, while the store
+    fills, garbage-collector time on every resume.
 
     Args:
         lease: Seconds a claim lasts; ``None`` (the default) means until the resume that
@@ -376,7 +379,7 @@ class InMemoryCheckpointStore:
         ConfigurationError: *lease* or *keep_finished* is unusable.
     """
 
-    def __init__(self, *, lease: float | None = None, keep_finished: int | None = 10_000) -> None:
+    def __init__(self, *, lease: float | None = None, keep_finished: int | None = 1_000) -> None:
         check_lease(lease)
         if keep_finished is not None and (type(keep_finished) is not int or keep_finished < 0):
             raise ConfigurationError(

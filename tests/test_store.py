@@ -166,6 +166,15 @@ class TestInMemoryCheckpointStore:
         assert "resolved" == (await store.get("cp_3")).status
         assert "pending" == (await store.get("cp_4")).status  # open ones are never dropped
 
+    async def test_by_default_the_latest_thousand_finished_checkpoints_are_kept(self) -> None:
+        store = InMemoryCheckpointStore()
+        for index in range(1_001):
+            await store.save(golden(f"cp_{index}"))
+            await store.cancel(f"cp_{index}")
+        with pytest.raises(CheckpointNotFoundError):
+            await store.get("cp_0")
+        assert "cancelled" == (await store.get("cp_1")).status
+
     async def test_keep_finished_zero_forgets_each_finished_checkpoint_at_once(self) -> None:
         store = InMemoryCheckpointStore(keep_finished=0)
         await store.save(golden("cp_1"))
