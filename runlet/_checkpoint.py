@@ -14,7 +14,7 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
-from ._human import Decision, HumanOption, HumanRequest
+from ._human import Decision, HumanOption, HumanRequest, utc_now
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 
@@ -527,7 +527,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
     converter."""
     call_in = converter.get_structure_hook(ToolCall)
     call_out = converter.get_unstructure_hook(ToolCall)
-    messages_in = converter.get_structure_hook(tuple[Message, ...])
+    message_in = converter.get_structure_hook(Message)
     messages_out = converter.get_unstructure_hook(tuple[Message, ...])
     calls_out = converter.get_unstructure_hook(tuple[ToolCall, ...])
     results_in = converter.get_structure_hook(tuple[ToolResult, ...])
@@ -568,22 +568,31 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         raw_call = data["tool_call"]
         if raw_known is None:
             call = call_in(raw_call, ToolCall)
+        elif raw_known and raw_call == raw_known[0]:  # the usual case: the first pending call
+            call = known[0]
         else:
             call = share_call(raw_call, raw_known, known)
-        fields: dict[str, Any] = {"tool_call": call}
-        if "created_at" in data:
-            fields["created_at"] = _structure_datetime(data["created_at"], datetime)
-        if "expires_at" in data:
-            expires = data["expires_at"]
-            fields["expires_at"] = (
-                None if expires is None else _structure_datetime(expires, datetime)
-            )
-        if "outcome_unknown" in data:
-            if type(data["outcome_unknown"]) is not bool:
-                raise TypeError("not a request")
-            fields["outcome_unknown"] = data["outcome_unknown"]
-        options = options_in(data["options"], None) if "options" in data else ()
-        return HumanRequest(id_, kind, prompt, options, **fields)  # type: ignore[arg-type]
+        expires_at = data.get("expires_at")
+        if expires_at is not None:
+            expires_at = _structure_datetime(expires_at, datetime)
+        outcome_unknown = data.get("outcome_unknown", False)
+        if type(outcome_unknown) is not bool:
+            raise TypeError("not a request")
+        return HumanRequest(
+            id_,
+            kind,  # type: ignore[arg-type]
+            prompt,
+            options_in(data["options"], None) if "options" in data else (),
+            tool_call=call,
+            # Without a time, the request's own default (now), as the generated hook did.
+            created_at=(
+                _structure_datetime(data["created_at"], datetime)
+                if "created_at" in data
+                else utc_now()
+            ),
+            expires_at=expires_at,
+            outcome_unknown=outcome_unknown,
+        )
 
     def request_out(request: HumanRequest) -> dict[str, Any]:
         data: dict[str, Any] = {"id": request.id, "kind": request.kind, "prompt": request.prompt}
@@ -609,32 +618,25 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             raise TypeError("not a checkpoint")
         id_, run_id, agent_name = data["id"], data["run_id"], data["agent_name"]
         options, metadata = data["options"], data["metadata"]
+        version, turns = data.get("version", CHECKPOINT_VERSION), data.get("turns", 0)
         if type(id_) is not str or type(run_id) is not str or type(agent_name) is not str:
             raise TypeError("not a checkpoint")
         if type(options) is not dict or type(metadata) is not dict:
             raise TypeError("not a checkpoint")
-        fields: dict[str, Any] = {}
-        for name, number in (("version", data.get("version")), ("turns", data.get("turns"))):
-            if number is not None or name in data:
-                if type(number) is not int:
-                    raise TypeError("not a checkpoint")
-                fields[name] = number
-        if "results" in data:
-            fields["results"] = results_in(data["results"], None)
-        if "decisions" in data:
-            fields["decisions"] = decisions_in(data["decisions"], None)
-        if "usage" in data:
-            fields["usage"] = usage_in(data["usage"], Usage)
+        if type(version) is not int or type(turns) is not int:
+            raise TypeError("not a checkpoint")
         # The transcript starts with the messages the run was given, and the pending
         # calls (and the requests' calls) are calls of its last message: equal data is
         # structured once and shared, as it was in the checkpoint that was written.
         raw_messages, raw_transcript = data["messages"], data["transcript"]
-        messages = messages_in(raw_messages, None)
+        messages = tuple([message_in(item, Message) for item in raw_messages])
         count = len(messages)
         if count and type(raw_transcript) is list and raw_transcript[:count] == raw_messages:
-            transcript = messages + messages_in(raw_transcript[count:], None)
+            transcript = messages + tuple(
+                [message_in(item, Message) for item in raw_transcript[count:]]
+            )
         else:
-            transcript = messages_in(raw_transcript, None)
+            transcript = tuple([message_in(item, Message) for item in raw_transcript])
         raw_calls: list[Any] = []
         made: tuple[ToolCall, ...] = ()
         if transcript:
@@ -645,19 +647,26 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             pending = made
         else:
             pending = shared_calls(raw_pending, raw_calls, made)
-        if "more_requests" in data:
-            fields["more_requests"] = requests_in(data["more_requests"], raw_pending, pending)
         return Checkpoint(
             id=id_,
+            version=version,
             run_id=run_id,
             agent_name=agent_name,
             messages=messages,
             options=options,
             metadata=metadata,
             transcript=transcript,
+            results=results_in(data["results"], None) if "results" in data else (),
             pending_tool_calls=pending,
             request=request_in(data["request"], raw_pending, pending),
-            **fields,
+            more_requests=(
+                requests_in(data["more_requests"], raw_pending, pending)
+                if "more_requests" in data
+                else ()
+            ),
+            decisions=decisions_in(data["decisions"], None) if "decisions" in data else (),
+            usage=usage_in(data["usage"], Usage) if "usage" in data else _NO_USAGE,
+            turns=turns,
         )
 
     def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
