@@ -17,6 +17,7 @@ from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest, utc_now
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
+from ._util import slot_builder
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -409,6 +410,12 @@ def _register_tuples(converter: cattrs.Converter) -> None:
         converter.register_unstructure_hook_func(is_tuple, unstructure_tuple)
 
 
+# Structuring builds these from values it has checked, without their __init__.
+_build_call = slot_builder(ToolCall)
+_build_message = slot_builder(Message)
+_build_request = slot_builder(HumanRequest)
+_build_checkpoint = slot_builder(Checkpoint)
+
 _CALL_KEYS = frozenset({"id", "name", "arguments"})
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_result", "reasoning"})
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -438,7 +445,7 @@ def _register_hot_paths(converter: cattrs.Converter) -> None:
         arguments = data["arguments"]
         if type(arguments) is not dict:
             raise TypeError("not a tool call")
-        return ToolCall(id_, name, arguments)
+        return _build_call(id_, name, arguments)
 
     def call_out(call: ToolCall) -> dict[str, Any]:
         data = {"id": call.id, "name": call.name}
@@ -461,10 +468,12 @@ def _register_hot_paths(converter: cattrs.Converter) -> None:
         result = None
         if "tool_result" in data and data["tool_result"] is not None:
             result = result_in(data["tool_result"], ToolResult)
-        if "reasoning" not in data:
-            return Message(role, content, calls, result)  # type: ignore[arg-type]
-        reasoning = reasoning_in(data["reasoning"], tuple[ReasoningPart, ...])
-        return Message(role, content, calls, result, reasoning=reasoning)  # type: ignore[arg-type]
+        reasoning: tuple[ReasoningPart, ...] = ()
+        if "reasoning" in data:
+            reasoning = tuple(reasoning_in(data["reasoning"], tuple[ReasoningPart, ...]))
+        # The role and the tuples are checked above: what Message.__attrs_post_init__
+        # would check and convert again.
+        return _build_message(role, content, calls, result, reasoning)
 
     def message_out(message: Message) -> dict[str, Any]:
         data: dict[str, Any] = {"role": message.role, "content": message.content}
@@ -578,9 +587,9 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         outcome_unknown = data.get("outcome_unknown", False)
         if type(outcome_unknown) is not bool:
             raise TypeError("not a request")
-        return HumanRequest(
+        return _build_request(
             id_,
-            kind,  # type: ignore[arg-type]
+            kind,
             prompt,
             options_in(data["options"], None) if "options" in data else (),
             tool_call=call,
@@ -647,7 +656,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             pending = made
         else:
             pending = shared_calls(raw_pending, raw_calls, made)
-        return Checkpoint(
+        return _build_checkpoint(
             id=id_,
             version=version,
             run_id=run_id,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from types import MemberDescriptorType
+from typing import Any, TypeVar
 
 import attrs
+
+T = TypeVar("T")
 
 
 def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
@@ -46,3 +50,26 @@ def is_seconds(value: object, *, positive: bool = False) -> bool:
         return False
     seconds: float = value
     return (seconds > 0 if positive else seconds >= 0) and seconds < math.inf
+
+
+def slot_builder(cls: type[T]) -> Callable[..., T]:
+    """A function that makes an instance of the slotted attrs class *cls* from a value for
+    every field (by position in field order, or by name; none may be left out) without
+    calling ``__init__``: no defaults, factories, validators or ``__attrs_post_init__``.
+
+    Only for values already checked to be exactly what ``__init__`` would store, as the
+    checkpoint structuring hooks check them. It sets each slot through the slot's own
+    descriptor, which is about a third cheaper than ``__init__``'s frozen-class setattr.
+    """
+    names = [field.name for field in attrs.fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    lines = [f"def build({', '.join(names)}):", "    _self = _new(_cls)"]
+    for name in names:
+        slot = cls.__dict__.get(name)
+        assert isinstance(slot, MemberDescriptorType), f"{cls.__name__}.{name} is not a slot"
+        namespace[f"_set_{name}"] = slot.__set__
+        lines.append(f"    _set_{name}(_self, {name})")
+    lines.append("    return _self")
+    exec("\n".join(lines), namespace)  # code made from the class's own field names
+    build: Callable[..., T] = namespace["build"]
+    return build

@@ -27,6 +27,7 @@ from runlet._checkpoint import Checkpoint, _verified, check_integrity
 from runlet._human import HumanRequest, utc_now
 from runlet._messages import ZERO_USAGE
 from runlet._tools import _encode, show_arguments
+from runlet._util import slot_builder
 
 
 def _checkpoint(**changes: Any) -> Checkpoint:
@@ -75,6 +76,41 @@ def test_equal_parts_of_a_checkpoint_are_structured_once_and_shared() -> None:
     call = again.transcript[-1].tool_calls[0]
     assert again.pending_tool_calls[0] is call
     assert again.request.tool_call is call
+
+
+@pytest.mark.parametrize(
+    "instance",
+    [
+        ToolCall("call_1", "refund", {"amount": 5}),
+        Message.assistant("Let me.", (ToolCall("call_1", "refund"),)),
+        _checkpoint().request,
+        _checkpoint(turns=3),
+    ],
+    ids=lambda instance: type(instance).__name__,
+)
+def test_the_slot_builders_make_what_init_makes(instance: Any) -> None:
+    values = [getattr(instance, field.name) for field in attrs.fields(type(instance))]
+
+    by_position = slot_builder(type(instance))(*values)
+    by_name = slot_builder(type(instance))(**attrs.asdict(instance, recurse=False))
+
+    assert by_position == instance
+    assert by_name == instance
+    assert type(by_position) is type(instance)
+    for field in attrs.fields(type(instance)):
+        assert getattr(by_position, field.name) is getattr(instance, field.name)
+
+
+def test_a_slot_builder_needs_every_field_and_a_slotted_class() -> None:
+    with pytest.raises(TypeError):
+        slot_builder(ToolCall)("call_1", "refund")
+
+    @attrs.frozen(slots=False)
+    class Plain:
+        value: int
+
+    with pytest.raises(AssertionError, match=r"Plain\.value is not a slot"):
+        slot_builder(Plain)
 
 
 def test_parts_that_differ_are_not_shared() -> None:
