@@ -66,7 +66,8 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     lines = [f"def build({', '.join(names)}):", "    _self = _new(_cls)"]
     for name in names:
         slot = cls.__dict__.get(name)
-        assert isinstance(slot, MemberDescriptorType), f"{cls.__name__}.{name} is not a slot"
+        if not isinstance(slot, MemberDescriptorType):
+            raise TypeError(f"{cls.__name__}.{name} is not a slot")
         namespace[f"_set_{name}"] = slot.__set__
         lines.append(f"    _set_{name}(_self, {name})")
     lines.append("    return _self")

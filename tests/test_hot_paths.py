@@ -109,7 +109,7 @@ def test_a_slot_builder_needs_every_field_and_a_slotted_class() -> None:
     class Plain:
         value: int
 
-    with pytest.raises(AssertionError, match=r"Plain\.value is not a slot"):
+    with pytest.raises(TypeError, match=r"Plain\.value is not a slot"):
         slot_builder(Plain)
 
 
