@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._errors import RunletError
+
 T = TypeVar("T")
 
 
@@ -67,7 +69,7 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     for name in names:
         slot = cls.__dict__.get(name)
         if not isinstance(slot, MemberDescriptorType):
-            raise TypeError(f"{cls.__name__}.{name} is not a slot")
+            raise RunletError(f"{cls.__name__}.{name} is not a slot")
         namespace[f"_set_{name}"] = slot.__set__
         lines.append(f"    _set_{name}(_self, {name})")
     lines.append("    return _self")

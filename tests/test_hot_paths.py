@@ -24,6 +24,7 @@ from runlet import (
     unstructure_checkpoint,
 )
 from runlet._checkpoint import Checkpoint, _verified, check_integrity
+from runlet._errors import RunletError
 from runlet._human import HumanRequest, utc_now
 from runlet._messages import ZERO_USAGE
 from runlet._tools import _encode, show_arguments
@@ -109,7 +110,7 @@ def test_a_slot_builder_needs_every_field_and_a_slotted_class() -> None:
     class Plain:
         value: int
 
-    with pytest.raises(TypeError, match=r"Plain\.value is not a slot"):
+    with pytest.raises(RunletError, match=r"Plain\.value is not a slot"):
         slot_builder(Plain)
 
 
