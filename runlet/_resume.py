@@ -77,8 +77,14 @@ from ._store import (
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
+from ._util import slot_builder
 
 __all__ = ["resume"]
+
+# Built from values the resume made itself, without the classes' __init__.
+_new_decision = slot_builder(Decision)
+_new_record = slot_builder(CallRecord)
+_new_resolution = slot_builder(Resolution)
 
 Record = Callable[[Sequence[CallRecord]], Awaitable[None]]
 
@@ -162,7 +168,7 @@ async def _resume(
         else:
             result, decided = await work
         # 6. Resolve: the outcome and the next checkpoint, atomically.
-        resolution = Resolution(decisions=decided, result=result, resolved_at=loop.clock())
+        resolution = _new_resolution(decisions=decided, result=result, resolved_at=loop.clock())
         next_checkpoint = deferred[0] if deferred else None
         with _shielded(durable_store):
             await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
@@ -322,7 +328,7 @@ def _decision(
     arguments: Mapping[str, Any] | None = None,
 ) -> Decision:
     call = request.tool_call
-    return Decision(
+    return _new_decision(
         request_id=request.id,
         checkpoint_id=checkpoint.id,
         tool_call_id=call.id,
@@ -401,9 +407,9 @@ async def _continue(
             decided[call_id] = answer
             if answer.action != "approve":
                 answered = results[call_id] = _answer_result(request, answer)
-                fresh.append(CallRecord(tool_call_id=call_id, decision=answer, result=answered))
+                fresh.append(_new_record(tool_call_id=call_id, decision=answer, result=answered))
             else:
-                fresh.append(CallRecord(tool_call_id=call_id, decision=answer))
+                fresh.append(_new_record(tool_call_id=call_id, decision=answer, result=None))
     if record is not None and fresh:
         await record(fresh)  # 3. decisions first: the first accepted answer is final
 
@@ -502,7 +508,7 @@ async def _run_approved(
         result = edited_result(result, call.arguments)
     results[call.id] = result
     if record is not None:
-        await record([CallRecord(tool_call_id=call.id, decision=decision, result=result)])
+        await record([_new_record(tool_call_id=call.id, decision=decision, result=result)])
 
 
 async def _or_stop(

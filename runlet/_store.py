@@ -34,7 +34,7 @@ from ._errors import (
 from ._human import Decision, HumanRequest
 from ._messages import ToolResult
 from ._result import RunResult
-from ._util import is_seconds
+from ._util import is_seconds, slot_builder
 
 __all__ = [
     "CallRecord",
@@ -305,6 +305,11 @@ _TOKENS = itertools.count()
 _PROCESS = os.urandom(8).hex()
 
 
+# Built from the store's own values, without the classes' __init__.
+_new_stored = slot_builder(StoredCheckpoint)
+_new_claim = slot_builder(Claim)
+
+
 def _new_process() -> None:
     # A forked worker (gunicorn, multiprocessing) must not repeat its parent's tokens.
     global _PROCESS, _TOKENS
@@ -435,7 +440,7 @@ class InMemoryCheckpointStore:
         """The checkpoint with its status, records and resolution."""
         entry = self._entry(checkpoint_id)
         records = entry.records
-        return StoredCheckpoint(
+        return _new_stored(
             checkpoint=entry.checkpoint,
             status=entry.status,
             records=tuple(records.values()) if records else (),
@@ -456,7 +461,7 @@ class InMemoryCheckpointStore:
         if self._lease is not None:
             entry.lease_until = time.monotonic() + self._lease
         records = entry.records
-        return Claim(
+        return _new_claim(
             checkpoint=entry.checkpoint,
             token=token,
             records=tuple(records.values()) if records else (),

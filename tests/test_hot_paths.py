@@ -15,8 +15,13 @@ from hypothesis import given
 from strategies import json_objects
 
 from runlet import (
+    CallRecord,
     CheckpointSerializationError,
+    Claim,
+    Decision,
     Message,
+    Resolution,
+    StoredCheckpoint,
     ToolCall,
     Usage,
     structure_checkpoint,
@@ -100,6 +105,19 @@ def test_the_slot_builders_make_what_init_makes(instance: Any) -> None:
     assert type(by_position) is type(instance)
     for field in attrs.fields(type(instance)):
         assert getattr(by_position, field.name) is getattr(instance, field.name)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [ToolCall, HumanRequest, Checkpoint, Decision, CallRecord, Resolution, StoredCheckpoint, Claim],
+)
+def test_classes_built_from_slots_have_no_checks_that_init_would_run(cls: type) -> None:
+    # The library builds these without __init__ (Message too: its hook does the checks of
+    # its __attrs_post_init__). A validator, converter or post-init hook added later
+    # would be skipped silently: this test says to look at the builders first.
+    assert not hasattr(cls, "__attrs_post_init__")
+    for field in attrs.fields(cls):
+        assert (field.validator, field.converter) == (None, None), field.name
 
 
 def test_a_slot_builder_needs_every_field_and_a_slotted_class() -> None:
