@@ -41,7 +41,12 @@ _SHOWN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=repr)
 
 def show_arguments(arguments: Mapping[str, Any]) -> str:
     """Tool arguments as compact JSON text, for prompts and notes."""
-    return _shown(arguments if type(arguments) is dict else dict(arguments))
+    if type(arguments) is not dict:
+        arguments = dict(arguments)
+    for value in arguments.values():
+        if type(value) not in _SCALARS:
+            return _shown(arguments)
+    return _shown_flat(arguments)
 
 
 def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
@@ -75,6 +80,35 @@ def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
 
 
 _shown = _one_shot(_SHOWN)
+
+
+def _reused(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode`` for a dict whose values are all scalars (``_SCALARS``): nothing
+    nests, so there is no cycle to detect, and one C encoder without markers (the only
+    state it keeps per call) serves every call, in any thread. The same text again."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has the C encoder
+        return encoder.encode
+    encode = make(
+        None,
+        encoder.default,
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+# Most calls' arguments are flat; building the C encoder is then a large part of showing
+# them (on the path of every interruption), so they get one that is built once.
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_shown_flat = _reused(_SHOWN)
 _encode = _one_shot(_ENCODER)
 
 

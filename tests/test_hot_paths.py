@@ -214,6 +214,30 @@ def test_shown_arguments_are_what_json_dumps_writes(arguments: dict[str, Any]) -
     assert expected == show_arguments(arguments)
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"b": "é", "a": 1.5, "c": None, "d": True, "e": float("nan"), "f": -2},
+        {3: "x", 1: False, 2.5: 0.0},
+        {"a": {"b": [1, 2]}, "c": 1},
+        {},
+    ],
+)
+def test_flat_and_nested_arguments_are_shown_alike(arguments: dict[Any, Any]) -> None:
+    # Flat arguments are shown by the encoder built once, nested ones by a fresh one.
+    expected = json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=repr)
+
+    assert expected == show_arguments(arguments)
+
+
+def test_flat_arguments_with_keys_json_cannot_sort_are_refused_as_json_refuses_them() -> None:
+    mixed: dict[Any, Any] = {"a": 1, 2: 3}
+    with pytest.raises(TypeError):
+        json.dumps(mixed, sort_keys=True)
+    with pytest.raises(TypeError):
+        show_arguments(mixed)
+
+
 def test_read_only_arguments_are_shown_as_the_json_object_they_hold() -> None:
     view = types.MappingProxyType({"order_id": "7", "amount": 5})
 
