@@ -228,6 +228,13 @@ class Loop:
             raise CheckpointStoreRequiredError("This Runtime has no checkpoint store.")
         now = self.clock()
         by_name = run.agent._by_name
+        if len(pending) == 1:
+            # The common case, one call: one read from the OS for both ids (96 random
+            # bits each, as new_id), and no list comprehension.
+            bits = os.urandom(24).hex()
+            call = pending[0]
+            request = make_request(f"req_{bits[:24]}", call, by_name[call.name], now)
+            return self.interrupt(run, results, pending, [request], f"cp_{bits[24:]}")
         requests = [make_request(new_id("req"), c, by_name[c.name], now) for c in pending]
         return self.interrupt(run, results, pending, requests)
 
@@ -237,12 +244,14 @@ class Loop:
         results: Mapping[str, ToolResult],
         pending: Sequence[ToolCall],
         requests: Sequence[HumanRequest],
+        checkpoint_id: str | None = None,
     ) -> RunResult:
         """Save a checkpoint waiting on *requests* (one per pending call), then report it;
-        during a resume, park it for the resume to save."""
+        during a resume, park it for the resume to save. The checkpoint's id is
+        *checkpoint_id*, or a new one."""
         calls = run.transcript[-1].tool_calls
         checkpoint = Checkpoint(
-            id=new_id("cp"),
+            id=new_id("cp") if checkpoint_id is None else checkpoint_id,
             run_id=run.run_id,
             agent_name=run.agent.name,
             messages=run.messages,

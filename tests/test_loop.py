@@ -72,6 +72,26 @@ class TestRun:
         assert result.usage == Usage(requests=1)
         assert result.run_id.startswith("run_")
 
+    async def test_an_interruption_gets_ids_of_96_random_bits_each(self) -> None:
+        # A one-call interruption reads both its ids from the OS at once; each is its own.
+        store = InMemoryCheckpointStore()
+        model = ScriptedModel([call("gated", {})] * 2)
+        runtime = Runtime(checkpoint_store=store)
+        tester = agent(model, tool("gated", add, requires_approval=True))
+
+        first = await runtime.run(tester, "Hi")
+        second = await runtime.run(tester, "Hi")
+
+        ids = [
+            (r.interruption.id, r.checkpoint_id or "")
+            for r in (first, second)
+            if r.interruption is not None
+        ]
+        assert [(r[:4], c[:3]) for r, c in ids] == [("req_", "cp_")] * 2
+        hexes = [text.split("_")[1] for pair in ids for text in pair]
+        assert all(len(h) == 24 and int(h, 16) >= 0 for h in hexes)
+        assert len(set(hexes)) == 4
+
     async def test_tool_call_result_goes_back_to_the_model(self) -> None:
         model = ScriptedModel([call("add", a=2, b=3, id="c1"), "It is 5."])
         result = await Runtime().run(agent(model, tool("add", add, ADD_SCHEMA)), "2+3?")
