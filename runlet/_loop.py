@@ -158,7 +158,16 @@ class Loop:
                     run_id=run.run_id,
                     decisions=run.decisions,
                 )
-            results, pending = await self._handle(run, message.tool_calls)
+            calls = message.tool_calls
+            if len(calls) == 1 and self.store is not None:
+                # The usual interruption, one valid call to a tool that always asks a
+                # person: nothing runs now, so stop without _handle (a coroutine) and
+                # with what it would return. Anything else goes through _handle.
+                call = calls[0]
+                tool = agent._by_name.get(call.name)
+                if tool is not None and tool._gate is True and _check_call(call, tool) is None:
+                    return await self.stop_for(run, {}, [call])
+            results, pending = await self._handle(run, calls)
             if pending:
                 return await self.stop_for(run, results, pending)
             append_results(run, results)
