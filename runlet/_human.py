@@ -13,6 +13,7 @@ import attrs
 from ._errors import HumanResponseError, RunletError
 from ._messages import ToolCall, ToolResult
 from ._tools import ToolContext, ToolSpec
+from ._util import slot_builder
 
 __all__ = [
     "EXPIRY_MESSAGE",
@@ -336,6 +337,10 @@ def check_ask_human(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
+# make_request builds approval requests from values it made itself, without __init__.
+_new_request = slot_builder(HumanRequest)
+
+
 def make_request(
     request_id: str,
     call: ToolCall,
@@ -351,10 +356,11 @@ def make_request(
         prompt = tool._approval_text(call.arguments)
         if outcome_unknown:
             prompt = f"{OUTCOME_UNKNOWN_PROMPT} {prompt}"
-        return HumanRequest(
-            request_id,
-            "approval",
-            prompt,
+        return _new_request(
+            id=request_id,
+            kind="approval",
+            prompt=prompt,
+            options=(),
             tool_call=call,
             created_at=created_at,
             expires_at=expires_at,

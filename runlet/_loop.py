@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._agent import Agent
-from ._checkpoint import Checkpoint, mark_verified
+from ._checkpoint import CHECKPOINT_VERSION, Checkpoint, mark_verified
 from ._errors import (
     CheckpointStoreRequiredError,
     MaxTurnsExceededError,
@@ -38,12 +38,18 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
 from ._tracing import Tracing
+from ._util import slot_builder
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
 
 Emit = Callable[[StreamEvent], Awaitable[None]]
 Clock = Callable[[], datetime]
+
+
+# The loop builds these from values it made itself, without their __init__.
+_new_checkpoint = slot_builder(Checkpoint)
+_new_result = slot_builder(RunResult)
 
 
 def new_id(prefix: str) -> str:
@@ -259,8 +265,9 @@ class Loop:
         during a resume, park it for the resume to save. The checkpoint's id is
         *checkpoint_id*, or a new one."""
         calls = run.transcript[-1].tool_calls
-        checkpoint = Checkpoint(
+        checkpoint = _new_checkpoint(
             id=new_id("cp") if checkpoint_id is None else checkpoint_id,
+            version=CHECKPOINT_VERSION,
             run_id=run.run_id,
             agent_name=run.agent.name,
             messages=run.messages,
@@ -289,8 +296,9 @@ class Loop:
 
 def interrupted_result(checkpoint: Checkpoint) -> RunResult:
     """The result that reports *checkpoint*'s interruption."""
-    return RunResult(
+    return _new_result(
         status="interrupted",
+        output=None,
         interruption=checkpoint.request,
         checkpoint_id=checkpoint.id,
         transcript=checkpoint.transcript,

@@ -21,6 +21,7 @@ from runlet import (
     Decision,
     Message,
     Resolution,
+    RunResult,
     StoredCheckpoint,
     ToolCall,
     Usage,
@@ -109,7 +110,17 @@ def test_the_slot_builders_make_what_init_makes(instance: Any) -> None:
 
 @pytest.mark.parametrize(
     "cls",
-    [ToolCall, HumanRequest, Checkpoint, Decision, CallRecord, Resolution, StoredCheckpoint, Claim],
+    [
+        ToolCall,
+        HumanRequest,
+        Checkpoint,
+        Decision,
+        CallRecord,
+        Resolution,
+        StoredCheckpoint,
+        Claim,
+        RunResult,
+    ],
 )
 def test_classes_built_from_slots_have_no_checks_that_init_would_run(cls: type) -> None:
     # The library builds these without __init__ (Message too: its hook does the checks of
