@@ -49,6 +49,7 @@ Clock = Callable[[], datetime]
 
 # The loop builds these from values it made itself, without their __init__.
 _new_checkpoint = slot_builder(Checkpoint)
+_new_model_request = slot_builder(ModelRequest)
 _new_result = slot_builder(RunResult)
 
 
@@ -134,7 +135,7 @@ class Loop:
                     max_turns=self.max_turns,
                 )
             run.turns += 1
-            request = ModelRequest(
+            request = _new_model_request(
                 agent.instructions, tuple(run.transcript), definitions, run.options
             )
             if trace is None and emit is None:  # _ask, without a coroutine of its own
@@ -156,12 +157,15 @@ class Loop:
             if emit is not None:
                 await emit(MessageCompleted(message))
             if not message.tool_calls:
-                return RunResult(
+                return _new_result(
                     status="completed",
                     output=message.content,
+                    interruption=None,
+                    checkpoint_id=None,
                     transcript=tuple(run.transcript),
                     usage=run.usage,
                     run_id=run.run_id,
+                    pending_requests=(),
                     decisions=run.decisions,
                 )
             calls = message.tool_calls

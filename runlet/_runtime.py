@@ -26,6 +26,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, Tracing, cancel_span, run_span
+from ._util import slot_builder
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -304,7 +305,8 @@ class Runtime:
         if not isinstance(agent, Agent):
             raise ConfigurationError(f"Expected an Agent, got {type(agent).__name__}.")
         if isinstance(input, str):
-            messages: tuple[Message, ...] = (Message("user", input),)
+            # A user message with nothing for Message's own checks to fix or refuse.
+            messages: tuple[Message, ...] = (_new_message("user", input, (), None, ()),)
         else:
             messages = tuple(input)
             for message in messages:
@@ -327,6 +329,8 @@ class Runtime:
             emit=emit,
         )
 
+
+_new_message = slot_builder(Message)
 
 # The options of a run given none: read-only, so one empty view serves every such run.
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})

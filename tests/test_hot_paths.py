@@ -20,6 +20,7 @@ from runlet import (
     Claim,
     Decision,
     Message,
+    ModelRequest,
     Resolution,
     RunResult,
     StoredCheckpoint,
@@ -120,6 +121,7 @@ def test_the_slot_builders_make_what_init_makes(instance: Any) -> None:
         StoredCheckpoint,
         Claim,
         RunResult,
+        ModelRequest,
     ],
 )
 def test_classes_built_from_slots_have_no_checks_that_init_would_run(cls: type) -> None:
