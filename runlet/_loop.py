@@ -51,6 +51,9 @@ Clock = Callable[[], datetime]
 _new_checkpoint = slot_builder(Checkpoint)
 _new_model_request = slot_builder(ModelRequest)
 _new_result = slot_builder(RunResult)
+_new_context = slot_builder(ToolContext)
+_new_tool_result = slot_builder(ToolResult)
+_new_message = slot_builder(Message)  # only for tool messages: nothing for its checks to do
 
 
 def new_id(prefix: str) -> str:
@@ -317,7 +320,8 @@ def append_results(run: RunState, results: Mapping[str, ToolResult]) -> None:
     """Append one tool message per call of the last assistant message, in call order."""
     calls = run.transcript[-1].tool_calls
     if len(calls) == 1:  # the common case, without a generator
-        run.transcript.append(Message.tool(results[calls[0].id]))
+        result = results[calls[0].id]
+        run.transcript.append(_new_message("tool", result.content, (), result, ()))
     else:
         run.transcript.extend([Message.tool(results[call.id]) for call in calls])
 
@@ -326,12 +330,12 @@ def tool_context(run: RunState, call: ToolCall) -> ToolContext:
     """The context a call's handler (or approval policy) gets. The idempotency key names
     the run, the turn and the call, so it is the same for every attempt of this call and
     differs for a later turn's call that reuses the id."""
-    return ToolContext(
-        run.run_id,
-        call.id,
-        run.agent.name,
-        run.context_metadata,
-        call.name,
+    return _new_context(
+        run_id=run.run_id,
+        tool_call_id=call.id,
+        agent_name=run.agent.name,
+        metadata=run.context_metadata,
+        tool_name=call.name,
         idempotency_key=f"{run.run_id}/{run.turns}/{call.id}",
     )
 
@@ -358,7 +362,7 @@ async def run_tool(
         content, is_error = await tool._invoke(arguments, context)
     else:
         content, is_error = await trace.tool(tool, call, arguments, context)
-    result = ToolResult(call.id, content, is_error)
+    result = _new_tool_result(call.id, content, is_error)
     if emit is not None:
         await emit(ToolCallFinished(call, result))
     return result

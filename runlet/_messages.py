@@ -8,6 +8,7 @@ from typing import Any, Literal
 import attrs
 
 from ._errors import ConfigurationError
+from ._util import slot_builder
 
 __all__ = ["Message", "ReasoningPart", "Role", "ToolCall", "ToolResult", "Usage"]
 
@@ -192,14 +193,17 @@ class Usage:
             return NotImplemented
         if self is ZERO_USAGE and type(other) is Usage:  # a run's first request: nothing to add
             return other
-        return Usage(
+        return _new_usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.requests + other.requests,
-            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
+
+# Sums of two usages' counts need none of __init__'s work.
+_new_usage = slot_builder(Usage)
 
 ZERO_USAGE = Usage()
 """The usage of a run that made no request yet (one shared object; usages are frozen)."""

@@ -25,6 +25,8 @@ from runlet import (
     RunResult,
     StoredCheckpoint,
     ToolCall,
+    ToolContext,
+    ToolResult,
     Usage,
     structure_checkpoint,
     unstructure,
@@ -122,6 +124,9 @@ def test_the_slot_builders_make_what_init_makes(instance: Any) -> None:
         Claim,
         RunResult,
         ModelRequest,
+        ToolContext,
+        ToolResult,
+        Usage,
     ],
 )
 def test_classes_built_from_slots_have_no_checks_that_init_would_run(cls: type) -> None:
