@@ -49,32 +49,37 @@ def show_arguments(arguments: Mapping[str, Any]) -> str:
     return _shown_flat(arguments)
 
 
+def _c_arguments(encoder: json.JSONEncoder) -> tuple[Any, ...]:
+    """The arguments of ``json.encoder.c_make_encoder`` after the first (the markers of
+    the cycle check) that give *encoder*'s text."""
+    encode_string = (
+        json.encoder.encode_basestring_ascii
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring
+    )
+    return (
+        encoder.default,
+        encode_string,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+
+
 def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
     """``encoder.encode`` for a dict or list, without the layers it goes through on every
     call (the same text: the C encoder it builds each time, built here)."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # pragma: no cover - CPython always has the C encoder
         return encoder.encode
-    encode_string = (
-        json.encoder.encode_basestring_ascii
-        if encoder.ensure_ascii
-        else json.encoder.encode_basestring
-    )
+    arguments = _c_arguments(encoder)
 
     def encode(value: Any) -> str:
         # A new C encoder per call: its markers (the cycle check) start empty every time.
-        chunks = make(
-            {},
-            encoder.default,
-            encode_string,
-            None,
-            encoder.key_separator,
-            encoder.item_separator,
-            encoder.sort_keys,
-            encoder.skipkeys,
-            encoder.allow_nan,
-        )(value, 0)
-        return "".join(chunks)
+        return "".join(make({}, *arguments)(value, 0))
 
     return encode
 
@@ -89,19 +94,7 @@ def _reused(encoder: json.JSONEncoder) -> Callable[[Any], str]:
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # pragma: no cover - CPython always has the C encoder
         return encoder.encode
-    encode = make(
-        None,
-        encoder.default,
-        json.encoder.encode_basestring_ascii
-        if encoder.ensure_ascii
-        else json.encoder.encode_basestring,
-        None,
-        encoder.key_separator,
-        encoder.item_separator,
-        encoder.sort_keys,
-        encoder.skipkeys,
-        encoder.allow_nan,
-    )
+    encode = make(None, *_c_arguments(encoder))
     return lambda value: "".join(encode(value, 0))
 
 
