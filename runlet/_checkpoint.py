@@ -14,7 +14,7 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
-from ._human import Decision, HumanOption, HumanRequest, utc_now
+from ._human import Decision, HumanOption, HumanRequest, _new_request, utc_now
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 from ._util import slot_builder
@@ -410,11 +410,12 @@ def _register_tuples(converter: cattrs.Converter) -> None:
         converter.register_unstructure_hook_func(is_tuple, unstructure_tuple)
 
 
-# Structuring builds these from values it has checked, without their __init__.
-_build_call = slot_builder(ToolCall)
-_build_message = slot_builder(Message)
-_build_request = slot_builder(HumanRequest)
-_build_checkpoint = slot_builder(Checkpoint)
+# Structuring builds these from values it has checked, without their __init__; so do
+# the loop (checkpoints, and messages with nothing for Message's own checks to do) and
+# the run's start (its first user message).
+_new_call = slot_builder(ToolCall)
+_new_message = slot_builder(Message)
+_new_checkpoint = slot_builder(Checkpoint)
 
 _CALL_KEYS = frozenset({"id", "name", "arguments"})
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_result", "reasoning"})
@@ -445,7 +446,7 @@ def _register_hot_paths(converter: cattrs.Converter) -> None:
         arguments = data["arguments"]
         if type(arguments) is not dict:
             raise TypeError("not a tool call")
-        return _build_call(id_, name, arguments)
+        return _new_call(id_, name, arguments)
 
     def call_out(call: ToolCall) -> dict[str, Any]:
         data = {"id": call.id, "name": call.name}
@@ -473,7 +474,7 @@ def _register_hot_paths(converter: cattrs.Converter) -> None:
             reasoning = tuple(reasoning_in(data["reasoning"], tuple[ReasoningPart, ...]))
         # The role and the tuples are checked above: what Message.__attrs_post_init__
         # would check and convert again.
-        return _build_message(role, content, calls, result, reasoning)
+        return _new_message(role, content, calls, result, reasoning)
 
     def message_out(message: Message) -> dict[str, Any]:
         data: dict[str, Any] = {"role": message.role, "content": message.content}
@@ -587,7 +588,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         outcome_unknown = data.get("outcome_unknown", False)
         if type(outcome_unknown) is not bool:
             raise TypeError("not a request")
-        return _build_request(
+        return _new_request(
             id_,
             kind,
             prompt,
@@ -656,7 +657,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             pending = made
         else:
             pending = shared_calls(raw_pending, raw_calls, made)
-        return _build_checkpoint(
+        return _new_checkpoint(
             id=id_,
             version=version,
             run_id=run_id,

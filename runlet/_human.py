@@ -337,7 +337,8 @@ def check_ask_human(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-# make_request builds approval requests from values it made itself, without __init__.
+# Approval requests (made here) and structured requests (made in _checkpoint) are built
+# from values already checked, without __init__.
 _new_request = slot_builder(HumanRequest)
 
 

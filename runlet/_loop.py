@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._agent import Agent
-from ._checkpoint import CHECKPOINT_VERSION, Checkpoint, mark_verified
+from ._checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    _new_checkpoint,
+    _new_message,
+    mark_verified,
+)
 from ._errors import (
     CheckpointStoreRequiredError,
     MaxTurnsExceededError,
@@ -48,12 +54,10 @@ Clock = Callable[[], datetime]
 
 
 # The loop builds these from values it made itself, without their __init__.
-_new_checkpoint = slot_builder(Checkpoint)
 _new_model_request = slot_builder(ModelRequest)
 _new_result = slot_builder(RunResult)
 _new_context = slot_builder(ToolContext)
 _new_tool_result = slot_builder(ToolResult)
-_new_message = slot_builder(Message)  # only for tool messages: nothing for its checks to do
 
 
 def new_id(prefix: str) -> str:

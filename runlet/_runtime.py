@@ -12,6 +12,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._agent import Agent, is_async_method
+from ._checkpoint import _new_message
 from ._errors import (
     CheckpointStoreRequiredError,
     ConfigurationError,
@@ -26,7 +27,6 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, Tracing, cancel_span, run_span
-from ._util import slot_builder
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -329,8 +329,6 @@ class Runtime:
             emit=emit,
         )
 
-
-_new_message = slot_builder(Message)
 
 # The options of a run given none: read-only, so one empty view serves every such run.
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
