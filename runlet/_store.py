@@ -371,9 +371,9 @@ class InMemoryCheckpointStore:
     returns the stored result, up to *keep_finished* of them: beyond that the oldest are
     forgotten, so a long-running process does not grow without bound. A repeated answer
     comes within seconds (a second click, a client's retry), so the default keeps the
-    latest 100. Keeping more costs memory (each holds its run's whole transcript) and time
-    on every resume: new objects cannot reuse the memory of the ones kept, and while the
-    store fills, the garbage collector walks them. Give a larger *keep_finished* (or
+    latest 1,000. Keeping more costs memory (each holds its run's whole transcript) and
+    time on every resume: new objects cannot reuse the memory of the ones kept, and while
+    the store fills, the garbage collector walks them. Give a larger *keep_finished* (or
     ``None``) for a longer window, or use a durable store, which keeps every outcome until
     you purge it.
 
@@ -387,7 +387,7 @@ class InMemoryCheckpointStore:
         ConfigurationError: *lease* or *keep_finished* is unusable.
     """
 
-    def __init__(self, *, lease: float | None = None, keep_finished: int | None = 100) -> None:
+    def __init__(self, *, lease: float | None = None, keep_finished: int | None = 1_000) -> None:
         check_lease(lease)
         if keep_finished is not None and (type(keep_finished) is not int or keep_finished < 0):
             raise ConfigurationError(

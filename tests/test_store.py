@@ -166,9 +166,9 @@ class TestInMemoryCheckpointStore:
         assert "resolved" == (await store.get("cp_3")).status
         assert "pending" == (await store.get("cp_4")).status  # open ones are never dropped
 
-    async def test_by_default_the_latest_hundred_finished_checkpoints_are_kept(self) -> None:
+    async def test_by_default_the_latest_thousand_finished_checkpoints_are_kept(self) -> None:
         store = InMemoryCheckpointStore()
-        for index in range(101):
+        for index in range(1_001):
             await store.save(golden(f"cp_{index}"))
             await store.cancel(f"cp_{index}")
         with pytest.raises(CheckpointNotFoundError):
