@@ -59,9 +59,11 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     every field (by position in field order, or by name; none may be left out) without
     calling ``__init__``: no defaults, factories, validators or ``__attrs_post_init__``.
 
-    Only for values already checked to be exactly what ``__init__`` would store, as the
-    checkpoint structuring hooks check them. It sets each slot through the slot's own
-    descriptor, which is about a third cheaper than ``__init__``'s frozen-class setattr.
+    Only for values already checked to be exactly what ``__init__`` would store: values
+    the caller made itself, or checked as the checkpoint structuring hooks do. It sets each
+    slot through the slot's own descriptor, which is about a third cheaper than
+    ``__init__``'s frozen-class setattr. ``tests/test_hot_paths.py`` fails if a class built
+    this way gains a validator, converter or ``__attrs_post_init__``.
     """
     names = [field.name for field in attrs.fields(cls)]  # type: ignore[arg-type]
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}

@@ -72,6 +72,18 @@ def db_path() -> Path:
     return _tmp[0] / "store.db"
 
 
+async def test_names_and_ids_with_a_nul_character_are_stored_and_found() -> None:
+    # SQLite text holds U+0000 (PostgreSQL's does not, and refuses such a checkpoint).
+    async with sqlite_store(60.0) as store:
+        saved = checkpoint("cp\x001", run_id="run\x001", agent_name="agent\x00a")
+        await store.save(saved)
+        claim = await store.claim("cp\x001")
+        await store.release("cp\x001", claim.token)
+        (pending,) = await store.list_pending(agent_name="agent\x00a")
+        assert (pending.checkpoint_id, pending.run_id) == ("cp\x001", "run\x001")
+        assert saved == await store.load("cp\x001")
+
+
 async def test_data_survives_closing_and_reopening() -> None:
     async with SQLiteCheckpointStore(db_path()) as store:
         await store.save(checkpoint())
