@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
 import cattrs
+from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
@@ -388,6 +389,39 @@ def _structure_literal(value: Any, type_: Any) -> Any:
     raise ValueError(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}")
 
 
+def _is_array(type_: Any) -> bool:
+    args = get_args(type_)
+    return get_origin(type_) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _register_arrays(converter: cattrs.Converter) -> None:
+    """A ``tuple[X, ...]`` field takes a JSON array (a list, or a tuple built in Python)
+    and nothing else. cattrs' own hook iterates whatever it is given, so ``{}`` or ``""``
+    would read as no items, and a dict as its keys."""
+
+    def structure_array(value: Any, type_: Any) -> Any:
+        if type(value) is not list and not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a JSON array, got {type(value).__name__}")
+        item = get_args(type_)[0]
+        hook = converter.get_structure_hook(item)
+        if not converter.detailed_validation:
+            return tuple([hook(element, item) for element in value])
+        made: list[Any] = []
+        errors: list[Exception] = []
+        for index, element in enumerate(value):
+            try:
+                made.append(hook(element, item))
+            except Exception as exc:  # noqa: BLE001, PERF203 - explaining only: raised below
+                note = IterableValidationNote(f"Structuring {type_} @ index {index}", index, item)
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined,unused-ignore]
+                errors.append(exc)
+        if errors:
+            raise IterableValidationError(f"While structuring {type_!r}", errors, type_)
+        return tuple(made)
+
+    converter.register_structure_hook_func(_is_array, structure_array)
+
+
 def _register_tuples(converter: cattrs.Converter) -> None:
     # cattrs handles tuple[X, ...] with a generic hook that looks up X's hook on every
     # call; binding it once takes ~15% off a checkpoint's (de)serialization. Same data
@@ -398,6 +432,8 @@ def _register_tuples(converter: cattrs.Converter) -> None:
         unstructure = converter.get_unstructure_hook(item)
 
         def structure_tuple(value: Any, _: Any, s: Any = structure, t: Any = item) -> Any:
+            if type(value) is not list:  # the detailed converter explains, or takes a tuple
+                raise TypeError("not a JSON array")
             return tuple([s(element, t) for element in value])
 
         def unstructure_tuple(value: Any, u: Any = unstructure) -> Any:
@@ -503,6 +539,7 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     converter.register_structure_hook_func(_is_literal, _structure_literal)
     converter.register_unstructure_hook(datetime, _unstructure_datetime)
     converter.register_structure_hook(datetime, _structure_datetime)
+    _register_arrays(converter)
     if not detailed:
         _register_hot_paths(converter)
         _register_tuples(converter)
@@ -639,9 +676,11 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         # calls (and the requests' calls) are calls of its last message: equal data is
         # structured once and shared, as it was in the checkpoint that was written.
         raw_messages, raw_transcript = data["messages"], data["transcript"]
+        if type(raw_messages) is not list or type(raw_transcript) is not list:
+            raise TypeError("not a checkpoint")
         messages = tuple([message_in(item, Message) for item in raw_messages])
         count = len(messages)
-        if count and type(raw_transcript) is list and raw_transcript[:count] == raw_messages:
+        if count and raw_transcript[:count] == raw_messages:
             transcript = messages + tuple(
                 [message_in(item, Message) for item in raw_transcript[count:]]
             )

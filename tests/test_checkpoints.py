@@ -357,7 +357,27 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str]] =
         "checkpoint.pending_tool_calls[0].arguments",
         "expected",
     ),
-    ("transcript-str", _set(("transcript",), "nope"), "checkpoint.transcript[0]", "not a valid"),
+    # An array field takes an array: cattrs alone would read {} or "" as no items.
+    *[
+        (
+            f"{'-'.join(map(str, where))}-{kind}",
+            _set(where, bad),
+            "checkpoint." + ".".join(map(str, where)).replace(".0", "[0]"),
+            f"expected a JSON array, got {kind}",
+        )
+        for where in [
+            ("messages",),
+            ("transcript",),
+            ("results",),
+            ("pending_tool_calls",),
+            ("more_requests",),
+            ("decisions",),
+            ("transcript", 0, "tool_calls"),
+            ("transcript", 0, "reasoning"),
+            ("request", "options"),
+        ]
+        for kind, bad in [("dict", {}), ("str", ""), ("int", 0)]
+    ],
     ("turns-null", _set(("turns",), None), "checkpoint.turns", "int"),
     # Values of the wrong type are refused, never silently converted.
     (
@@ -807,5 +827,15 @@ def test_read_only_mappings_in_checkpoint_data_are_accepted() -> None:
     data = json.loads(GOLDEN_V2.read_text())
     expected = structure_checkpoint(data)
     data["request"] = types.MappingProxyType(data["request"])
+
+    assert expected == structure_checkpoint(data)
+
+
+def test_tuples_in_checkpoint_data_are_read_as_arrays() -> None:
+    # Data built in Python may hold tuples where JSON gives lists.
+    data = json.loads(GOLDEN_V2.read_text())
+    expected = structure_checkpoint(data)
+    data["transcript"] = tuple(data["transcript"])
+    data["decisions"] = tuple(data["decisions"])
 
     assert expected == structure_checkpoint(data)

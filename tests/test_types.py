@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 import jsonschema_rs
 import pytest
 
@@ -487,13 +488,14 @@ class TestPublicSurface:
         assert runlet.ModelAPIError("m", status_code=429, body="slow").body == "slow"
 
     def test_errors_raised_on_purpose_are_runlet_errors(self) -> None:
-        # Python's own protocol exceptions; TypeError and ValueError inside the checkpoint
-        # converter's hooks, where cattrs turns them into a CheckpointSerializationError;
+        # Python's own protocol exceptions; TypeError and ValueError (and cattrs' error
+        # that gathers an array's) inside the checkpoint converter's hooks, where
+        # structuring turns them into a CheckpointSerializationError;
         # TypeError inside the Anthropic adapter's readers, which `reading()` turns into a
         # ModelResponseError.
         allowed = {StopAsyncIteration, SystemExit, NotImplementedError, ImportError}
         converter_hooks = {
-            "runlet._checkpoint": {TypeError, ValueError},
+            "runlet._checkpoint": {TypeError, ValueError, cattrs.errors.IterableValidationError},
             "runlet.providers.anthropic": {TypeError},
         }
         root = Path(runlet.__file__).parent
