@@ -1409,17 +1409,24 @@ async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpo
 
     store = SlowPlain()
     rt, agent, _, _, first = await refund_run(store=store, script=["Done."])
+    outcomes: list[str] = []
     async with anyio.create_task_group() as group:
 
         async def attempt() -> None:
-            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+            try:
+                await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+            except anyio.get_cancelled_exc_class():
+                outcomes.append("cancelled")
+                raise
+            outcomes.append("returned")
 
         group.start_soon(attempt)
         await store.deleting.wait()
-        group.cancel_scope.cancel()  # lands inside the shielded delete
+        group.cancel_scope.cancel()  # lands inside the delete, which is done again shielded
         store.go.set()
 
     assert {} == store.rows
+    assert ["cancelled"] == outcomes  # the cancellation goes on after the delete
 
 
 async def test_a_contradicting_answer_is_refused_before_it_claims_anything() -> None:
