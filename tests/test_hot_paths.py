@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 import pytest
 from hypothesis import given
-from strategies import json_objects
+from hypothesis import strategies as st
+from strategies import event_strategies, json_objects, not_json, run_results
 
 from runlet import (
     CallRecord,
@@ -32,7 +33,13 @@ from runlet import (
     unstructure,
     unstructure_checkpoint,
 )
-from runlet._checkpoint import Checkpoint, _verified, check_integrity
+from runlet._checkpoint import (
+    Checkpoint,
+    _check_object,
+    _is_json_object,
+    _verified,
+    check_integrity,
+)
 from runlet._errors import RunletError
 from runlet._human import HumanRequest, utc_now
 from runlet._messages import ZERO_USAGE
@@ -445,3 +452,37 @@ def test_an_int_too_long_to_write_is_an_error_result_not_a_crash() -> None:
     assert is_error
     assert content.startswith("Tool 'big' returned a value of type int that is not JSON")
     assert ("12", False) == tool._content(12)
+
+
+@given(run_results())
+def test_valid_data_passes_the_quick_json_check(result: RunResult) -> None:
+    # unstructure() walks the object again, building paths, only when the quick check
+    # finds something; valid data must never take that long way.
+    assert _is_json_object(result)
+    assert _is_json_object(
+        Resolution(decisions=result.decisions, result=result, resolved_at=utc_now())
+    )
+    assert _is_json_object(result.transcript)
+
+
+@given(
+    st.sampled_from(sorted(event_strategies, key=lambda cls: cls.__name__)).flatmap(
+        lambda cls: event_strategies[cls]
+    )
+)
+def test_valid_events_pass_the_quick_json_check(event: Any) -> None:
+    assert _is_json_object(event)
+
+
+@given(not_json)
+def test_the_quick_json_check_finds_what_the_long_one_names(bad: Any) -> None:
+    for value in (
+        ToolCall("c", "t", {"n": [1, {"when": bad}]}),
+        Message.assistant("", (ToolCall("c", "t", {"n": bad}),)),
+        (Message.user("hi"), ToolResult("c", "ok"), bad),
+        [bad],
+        {"k": bad},
+    ):
+        assert not _is_json_object(value)
+        with pytest.raises(CheckpointSerializationError):
+            _check_object(value, "")
