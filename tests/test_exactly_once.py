@@ -812,6 +812,24 @@ async def test_a_lost_lease_stops_the_resume() -> None:
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
 
+async def test_a_renewal_still_running_when_the_work_ends_does_not_hold_up_the_result() -> None:
+    renewing = anyio.Event()
+
+    class Hanging(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            renewing.set()
+            await anyio.sleep_forever()  # a renewal that no longer matters
+
+    store = Hanging(lease=0.03)
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    payments.block = renewing  # the tool finishes while the renewal hangs
+    with anyio.fail_after(10):
+        result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == result.status
+    assert "resolved" == (await store.get(cp(first))).status
+
+
 class FailingResolve(InMemoryCheckpointStore):
     """A store whose next *failures* resolves raise ``OSError("disk full")``."""
 
