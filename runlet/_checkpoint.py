@@ -997,6 +997,12 @@ def _explain(exc: BaseException, type_: Any) -> str:
     """One problem, in words: our hooks' and validators' own messages where they have one."""
     if isinstance(exc, AttributeError) and not isinstance(exc, RunletError):
         return "expected a JSON object"
+    if (
+        type(exc) is TypeError
+        and (type_ is None or attrs.has(type_))  # None: the class structure() was given
+        and str(exc).startswith("argument of type")
+    ):
+        return "expected a JSON object"  # a number or null where an object belongs
     if isinstance(exc, (KeyError, cattrs.ForbiddenExtraKeysError)) or not str(exc):
         return cattrs.v.format_exception(exc, type_)
     return str(exc)

@@ -614,12 +614,11 @@ def _repeat(
         later = resolution.result.checkpoint_id
         still_open = {request.id for request in resolution.result.pending_requests}
         if decision is None and later is not None and response.request_id in still_open:
-            raise CheckpointResolvedError(
+            raise HumanResponseConflictError(
                 f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
                 f"request {response.request_id!r} is still open at checkpoint {later!r}. "
                 "Resume that checkpoint with this response.",
                 checkpoint_id=checkpoint_id,
-                resolution=resolution,
             )
         where = f"; the run now waits at checkpoint {later!r}" if later else ""
         raise HumanResponseConflictError(

@@ -217,12 +217,12 @@ class Runtime:
             CheckpointNotFoundError: No such checkpoint.
             CheckpointCancelledError: It was cancelled with :meth:`cancel`.
             CheckpointClaimedError: Another resume of it is under way right now.
-            CheckpointResolvedError: A resume already finished with it and its request
-                is open again at a later checkpoint (the error names it): answer there.
             HumanResponseError: A response does not answer an open request (wrong id,
                 action, option, or arguments that fail the tool's schema or are not
                 JSON).
-            HumanResponseConflictError: The request was already answered differently.
+            HumanResponseConflictError: The request was already answered differently,
+                or a resume already finished with this checkpoint without this answer
+                and the request is open at a later checkpoint (the error names it).
             HumanRequestExpiredError: The request expired before the answer came.
             MissingToolError: *agent* lacks a tool the checkpoint needs.
             CheckpointSerializationError: The checkpoint does not hang together.

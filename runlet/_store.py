@@ -333,6 +333,16 @@ def check_limit(limit: object) -> None:
         raise ConfigurationError(f"list_pending(limit=...) must be a positive int, not {limit!r}.")
 
 
+def check_metadata_filter(metadata: object) -> None:
+    """Refuse a ``list_pending`` metadata filter that is not a mapping (a key that no
+    metadata can hold, such as ``1``, is allowed: it matches nothing)."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ConfigurationError(
+            "list_pending(metadata=...) must be a dict of top-level metadata keys to the "
+            f"values they must have, e.g. {{'tenant': 'acme'}}, not {metadata!r}."
+        )
+
+
 def check_lease(lease: object) -> None:
     """Refuse a lease that is not a non-negative number of seconds (or None)."""
     if lease is not None and not is_seconds(lease):
@@ -529,6 +539,7 @@ class InMemoryCheckpointStore:
         """Checkpoints waiting for an answer, oldest first (see
         :meth:`DurableCheckpointStore.list_pending`)."""
         check_limit(limit)
+        check_metadata_filter(metadata)
         start = -1 if after is None else self._entry(after).seq
         found: list[PendingRequest] = []
         for entry in self._entries.values():  # in insertion order, which is seq order

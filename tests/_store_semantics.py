@@ -252,6 +252,11 @@ def semantics_tests(factory: Factory) -> type:
                 assert [] == await ids(metadata={1: 1})
                 assert 6 == len(await ids(metadata={}))
                 assert ["cp_2"] == await ids(metadata={"user": "ann"}, limit=1, after="cp_0")
+                for wrong in ("user", ["user"], [("user", "ann")], 1):
+                    with pytest.raises(
+                        ConfigurationError, match=r"metadata=\.\.\.\) must be a dict"
+                    ):
+                        await store.list_pending(metadata=wrong)
 
         async def test_decisions_oldest_first_across_checkpoints(self) -> None:
             first = checkpoint("cp_1", calls=2)

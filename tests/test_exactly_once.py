@@ -1018,7 +1018,9 @@ async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one()
     )
     assert (two,) == second.pending_requests
 
-    with pytest.raises(CheckpointResolvedError, match=f"still open at checkpoint '{cp(second)}'"):
+    with pytest.raises(
+        HumanResponseConflictError, match=f"still open at checkpoint '{cp(second)}'"
+    ):
         await rt.resume(agent, checkpoint_id=cp(first), response=HumanResponse(two.id, "approve"))
 
     done = await rt.resume(

@@ -367,6 +367,15 @@ def _valid(cls: type[Any], **changes: Any) -> dict[str, Any]:
 MALFORMED_CASES: list[tuple[str, type[Any], Any, str | None, str]] = [
     ("not an object", RunResult, "completed", "RunResult", "expected a JSON object"),
     ("a list", Usage, [1, 2, 3], "Usage", "expected a JSON object"),
+    ("a number", HumanResponse, 5, "HumanResponse", "expected a JSON object @"),
+    ("null", RunResult, None, "RunResult", "expected a JSON object @"),
+    (
+        "a number for a call",
+        RunResult,
+        _valid(RunResult, transcript=[{"role": "assistant", "content": "", "tool_calls": [5]}]),
+        "RunResult.transcript[0].tool_calls[0]",
+        "expected a JSON object @",
+    ),
     (
         "bad literal",
         RunResult,

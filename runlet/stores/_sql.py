@@ -48,6 +48,7 @@ from .._store import (
     cancelled_error,
     check_lease,
     check_limit,
+    check_metadata_filter,
     claimed_error,
     lease_lost,
     metadata_matches,
@@ -485,6 +486,7 @@ class SQLStore:
             ~runlet.ConfigurationError: *limit* is not a positive int.
         """
         check_limit(limit)
+        check_metadata_filter(metadata)
         if after is not None and self._unstorable(after):
             raise not_found(after)
         wanted = dict(metadata) if metadata else {}
