@@ -345,9 +345,15 @@ def tool_context(run: RunState, call: ToolCall) -> ToolContext:
 
 
 async def run_tool(
-    run: RunState, call: ToolCall, tool: ToolSpec, arguments: Mapping[str, Any]
+    run: RunState,
+    call: ToolCall,
+    tool: ToolSpec,
+    arguments: Mapping[str, Any],
+    *,
+    report: bool = True,
 ) -> ToolResult:
-    """Run one call's handler and make its result."""
+    """Run one call's handler and make its result; with *report* false, the caller emits
+    :class:`ToolCallFinished` itself (a resume does so after recording the result)."""
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
@@ -367,7 +373,7 @@ async def run_tool(
     else:
         content, is_error = await trace.tool(tool, call, arguments, context)
     result = _new_tool_result(call.id, content, is_error)
-    if emit is not None:
+    if emit is not None and report:
         await emit(ToolCallFinished(call, result))
     return result
 

@@ -48,7 +48,7 @@ from ._errors import (
     LeaseLostError,
     MissingToolError,
 )
-from ._events import Interrupted
+from ._events import Interrupted, ToolCallFinished
 from ._human import (
     EXPIRY_MESSAGE,
     Decision,
@@ -157,7 +157,12 @@ async def _resume(
     token = claim.token
     deferred: list[Checkpoint] = []
     try:
-        record = partial(durable_store.record, checkpoint_id, token)
+        record: Record = partial(durable_store.record, checkpoint_id, token)
+        if type(durable_store) is not InMemoryCheckpointStore:
+            # A store that yields could be stopped by a cancellation that came while a
+            # handler ran: its result must still be recorded. (The in-memory store never
+            # yields, so nothing can stop it; a shield there would only cost time.)
+            record = partial(_record_shielded, record)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
             loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit, trace
@@ -511,12 +516,22 @@ async def _run_approved(
     record: Record | None,
 ) -> None:
     tool = run.agent._by_name[call.name]
-    result = await run_tool(run, call, tool, call.arguments)
+    result = await run_tool(run, call, tool, call.arguments, report=False)
     if decision.edited:
         result = edited_result(result, call.arguments)
     results[call.id] = result
+    # The result is recorded before anything else can be awaited (a cancellation may be
+    # waiting since the handler ran), then reported: a retry never runs the call again.
     if record is not None:
         await record([_new_record(tool_call_id=call.id, decision=decision, result=result)])
+    if run.emit is not None:
+        await run.emit(ToolCallFinished(call, result))
+
+
+async def _record_shielded(record: Record, records: Sequence[CallRecord]) -> None:
+    """*record*, which no cancellation can stop halfway or before it starts."""
+    with anyio.CancelScope(shield=True):
+        await record(records)
 
 
 async def _or_stop(

@@ -1628,3 +1628,57 @@ async def test_an_evolved_ask_human_still_stops_for_a_person() -> None:
     assert "interrupted" == result.status
     assert result.interruption is not None
     assert "input" == result.interruption.kind
+
+
+@contextlib.asynccontextmanager
+async def _store_of_kind(kind: str, where: Any) -> Any:
+    if kind == "memory":
+        yield InMemoryCheckpointStore()
+    else:
+        from runlet.stores.sqlite import SQLiteCheckpointStore
+
+        async with SQLiteCheckpointStore(where / "runs.db") as store:
+            yield store
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["resume", "stream_resume"])
+async def test_a_cancellation_that_comes_while_the_handler_runs_keeps_its_result(
+    kind: str, streamed: bool, tmp_path: Any
+) -> None:
+    # A deadline that runs out while the approved handler works: the handler finishes,
+    # and its result must be recorded before the cancellation takes effect, so the retry
+    # finishes the run without asking again or running the call a second time.
+    scope = anyio.CancelScope()
+    payments = Payments()
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        scope.cancel()
+        return await payments.refund(arguments, context)
+
+    spec = ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, refund, requires_approval=True)
+    agent = agent_with(
+        ScriptedModel([call("refund", id="c1", order_id="7"), "Done.", "Done."]), spec
+    )
+    async with _store_of_kind(kind, tmp_path) as store:
+        rt = Runtime(checkpoint_store=store)
+        first = await rt.run(agent, "Refund order 7.")
+        events: list[Any] = []
+        with scope:
+            if streamed:
+                async with rt.stream_resume(
+                    agent, checkpoint_id=cp(first), response=approve(first)
+                ) as stream:
+                    async for event in stream:
+                        events.append(event)
+            else:
+                await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+        assert scope.cancel_called  # the first attempt was cancelled or finished first
+
+        retried = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == retried.status
+    assert 1 == len(payments.attempts)
+    assert {payments.attempts[0]: "7"} == payments.paid
+    assert "Refunded order 7." == retried.transcript[2].tool_result.content  # type: ignore[union-attr]
+    assert not any(isinstance(event, runlet.ToolCallFinished) for event in events)
