@@ -3,6 +3,7 @@ loop and the resume bookkeeping."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -366,10 +367,23 @@ class RunStream:
     :class:`~runlet.ModelError`), unwrapped.
     """
 
-    __slots__ = ("_error", "_group", "_receive", "_result", "_send", "_start")
+    __slots__ = (
+        "_context",
+        "_error",
+        "_exited",
+        "_group",
+        "_receive",
+        "_result",
+        "_send",
+        "_start",
+    )
 
     def __init__(self, start: Callable[[Emit], Awaitable[RunResult]]) -> None:
         self._start = start
+        # The run sees the context of the stream() call, as a run() sees its caller's: a
+        # span current there is the run span's parent, even if the block is entered later.
+        self._context = contextvars.copy_context()
+        self._exited = False
         self._result: RunResult | None = None
         self._error: Exception | None = None
         self._group: TaskGroup | None = None
@@ -389,6 +403,13 @@ class RunStream:
                     "The stream has no result because the run failed; iterating it raised "
                     f"the run's error ({type(self._error).__name__})."
                 )
+            if self._exited:
+                raise RunletError(
+                    "The stream has no result: its `async with` block was left before the "
+                    "run finished, which stopped the run. Iterate it to RunFinished inside "
+                    "the block; an interrupted run's checkpoint, if one was saved, can still "
+                    "be resumed."
+                )
             raise RunletError("The stream has no result yet: iterate it until RunFinished first.")
         return self._result
 
@@ -400,7 +421,7 @@ class RunStream:
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
-        group.start_soon(self._produce, send)
+        self._context.run(group.start_soon, self._produce, send)  # the task copies it
         return self
 
     async def __aexit__(
@@ -413,6 +434,7 @@ class RunStream:
         assert group is not None
         assert self._send is not None
         assert self._receive is not None
+        self._exited = True
         group.cancel_scope.cancel()
         # A cancellation must reach the task group so each backend can account for it;
         # any other exception from the block propagates as it is, never wrapped in an

@@ -1669,8 +1669,7 @@ async def test_a_cancellation_that_comes_while_the_handler_runs_keeps_its_result
                 async with rt.stream_resume(
                     agent, checkpoint_id=cp(first), response=approve(first)
                 ) as stream:
-                    async for event in stream:
-                        events.append(event)
+                    events.extend([event async for event in stream])
             else:
                 await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
         assert scope.cancel_called  # the first attempt was cancelled or finished first

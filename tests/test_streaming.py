@@ -679,7 +679,7 @@ async def test_break_during_model_streaming_closes_the_model_stream() -> None:
                 break
         assert model.cancelled
         assert model.exited == 1
-    with pytest.raises(RunletError, match="no result yet"):
+    with pytest.raises(RunletError, match="block was left before the run finished"):
         stream.result  # noqa: B018 - the property raises
 
 

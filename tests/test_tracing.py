@@ -1122,3 +1122,36 @@ async def test_the_tracing_page_examples_run(
     assert namespace["result"].status == "completed"
     assert len(namespace["exporter"].get_finished_spans()) == 2
     assert example_source("tracing.md").count("assert ") >= 3
+
+
+@pytest.mark.parametrize("kind", ["stream", "stream_resume"])
+async def test_a_stream_entered_later_still_nests_under_the_span_where_it_was_made(
+    kind: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # A web handler makes the stream under its own span and hands it to the response,
+    # which enters it later, elsewhere: the run belongs under the handler's span.
+    app = provider.get_tracer("app")
+    model = ScriptedModel([call("get_weather", city="Paris", id="call_w"), "Sunny."])
+    runtime = Runtime(checkpoint_store=InMemoryCheckpointStore(), tracer_provider=provider)
+    agent = weather_agent(model, weather_tool(approval=True))
+    with app.start_as_current_span("made"):
+        if kind == "stream":
+            stream = runtime.stream(agent, "Weather in Paris?")
+        else:
+            first = await runtime.run(agent, "Weather in Paris?")
+            assert first.interruption is not None
+            assert first.checkpoint_id is not None
+            response = HumanResponse(first.interruption.id, "approve")
+            stream = runtime.stream_resume(
+                agent, checkpoint_id=first.checkpoint_id, response=response
+            )
+    with app.start_as_current_span("entered"):
+        async with stream:
+            async for _ in stream:
+                pass
+    spans = exporter.get_finished_spans()
+
+    made = one(spans, "made")
+    runs = by_name(spans, "invoke_agent weather")
+    assert [span_id(made)] * len(runs) == [parent_of(run) for run in runs]
+    assert {trace_id(made)} == {trace_id(run) for run in runs}
