@@ -706,6 +706,24 @@ class TestThinking:
             items = await collect(model, ask())
         assert items[-1].message == Message.assistant("Hi")
 
+    async def test_a_block_the_server_runs_is_skipped_with_its_input(
+        self, server: ModelServer
+    ) -> None:
+        # A server tool (web search, an MCP server) streams its own input deltas; like
+        # complete(), the stream leaves the block out of the message.
+        search = {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {}}
+        query = {"type": "input_json_delta", "partial_json": '{"query": "oslo"}'}
+        events = list(anthropic_stream("Hi"))  # the text is block 0
+        events[-2:-2] = [
+            anthropic_event({"type": "content_block_start", "index": 1, "content_block": search}),
+            anthropic_event({"type": "content_block_delta", "index": 1, "delta": query}),
+            anthropic_event({"type": "content_block_stop", "index": 1}),
+        ]
+        server.reply(Reply(events=tuple(events)))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1].message == Message.assistant("Hi")
+
     async def test_runtime_stream_hands_out_reasoning_deltas(self, server: ModelServer) -> None:
         events = anthropic_stream("Hi there.", thinking=[thinking_block("Greet back.", "s1")])
         server.reply(Reply(events=events))

@@ -186,6 +186,14 @@ class TestComplete:
             {"role": "tool", "tool_call_id": "c2", "content": "Error: city is required"},
         ]
 
+    async def test_an_empty_answer_goes_back_as_empty_text(self, server: ModelServer) -> None:
+        # The API allows a null content only beside tool_calls.
+        server.reply(Reply(json=openai_completion("Done.")))
+        transcript = (Message.user("a"), Message.assistant(""), Message.user("b"))
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (), {}))
+        assert server.bodies[0]["messages"][1] == {"role": "assistant", "content": ""}
+
     async def test_tool_message_without_result_is_refused(self, server: ModelServer) -> None:
         async with make(server) as model:
             with pytest.raises(Exception, match="tool_result"):

@@ -507,7 +507,9 @@ class _Stream:
             self._text.append(delta["text"])
             return [TextDelta(delta["text"])]
         if kind == "input_json_delta":
-            call = self._calls[index]
+            call = self._calls.get(index)
+            if call is None:  # the input of a block run by the server (server_tool_use)
+                return []
             call.arguments.append(delta["partial_json"])
             return [ToolCallDelta(call.ordinal, arguments=delta["partial_json"])]
         if kind == "thinking_delta":

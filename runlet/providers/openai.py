@@ -245,7 +245,9 @@ def _message(message: Message) -> dict[str, Any]:
     # An assistant message's reasoning stays out: DeepSeek refuses a request that
     # carries reasoning_content, and the others ignore it.
     if message.role == "assistant":
-        entry: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+        # content may be null only beside tool_calls: an empty answer goes as "".
+        content = message.content or (None if message.tool_calls else "")
+        entry: dict[str, Any] = {"role": "assistant", "content": content}
         if message.tool_calls:
             entry["tool_calls"] = [
                 {
