@@ -186,6 +186,16 @@ class TestComplete:
             {"role": "tool", "tool_call_id": "c2", "content": "Error: city is required"},
         ]
 
+    async def test_tool_options_are_left_out_without_tools(self, server: ModelServer) -> None:
+        server.reply(Reply(json=openai_completion("Hi.")), Reply(json=openai_completion("Hi.")))
+        options = {"tool_choice": "auto", "parallel_tool_calls": False, "temperature": 0.5}
+        async with make(server) as model:
+            await model.complete(ModelRequest("", (Message.user("a"),), (), options))
+            await model.complete(ModelRequest("", (Message.user("a"),), (WEATHER,), options))
+        without, with_tools = server.bodies
+        assert {"temperature": 0.5} == {k: without[k] for k in options if k in without}
+        assert options == {k: with_tools[k] for k in options}
+
     async def test_an_empty_answer_goes_back_as_empty_text(self, server: ModelServer) -> None:
         # The API allows a null content only beside tool_calls.
         server.reply(Reply(json=openai_completion("Done.")))

@@ -196,7 +196,13 @@ class OpenAIChatModel(HTTPModel):
         body: dict[str, Any] = {"model": self.model, "messages": _messages(request)}
         if request.tools:
             body["tools"] = [_tool(tool) for tool in request.tools]
-        body.update((k, v) for k, v in request.options.items() if k in OPTIONS)
+            body.update((k, v) for k, v in request.options.items() if k in OPTIONS)
+        else:  # the API refuses tool options without tools; they would mean nothing
+            body.update(
+                (k, v)
+                for k, v in request.options.items()
+                if k in OPTIONS and k not in _TOOL_OPTIONS
+            )
         if stream:
             body["stream"] = True
             if self.stream_usage:
@@ -231,6 +237,9 @@ class OpenAIChatModel(HTTPModel):
 
 
 # -- requests -----------------------------------------------------------------------------
+
+
+_TOOL_OPTIONS = frozenset({"tool_choice", "parallel_tool_calls"})
 
 
 def _messages(request: ModelRequest) -> list[dict[str, Any]]:
