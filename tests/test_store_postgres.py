@@ -265,6 +265,27 @@ async def test_a_dropped_connection_is_replaced(check: bool) -> None:
         assert "pending" == (await store.get("cp_1")).status  # ... then it is replaced
 
 
+async def test_after_the_server_drops_every_connection_only_one_call_fails() -> None:
+    # As after a server restart: every pooled connection is dead at once. The call that
+    # meets the first one fails; the pool then tests the others, so the next call works.
+    conninfo = await schema()
+    async with PostgresCheckpointStore(conninfo, min_size=3, max_size=3) as store:
+        await store.save(checkpoint())
+        pool = store._pool
+        assert pool is not None
+        with pool.connection() as a, pool.connection() as b, pool.connection() as c:
+            pids = [conn.info.backend_pid for conn in (a, b, c)]
+        for pid in pids:  # with a timeout, it returns once the backend is gone
+            await anyio.to_thread.run_sync(
+                execute, conninfo, f"SELECT pg_terminate_backend({pid}, 10000)"
+            )
+
+        with pytest.raises(psycopg.OperationalError):
+            await store.get("cp_1")
+        assert "pending" == (await store.get("cp_1")).status
+        assert "pending" == (await store.get("cp_1")).status
+
+
 async def test_a_claim_whose_data_cannot_be_read_is_given_back() -> None:
     conninfo = await schema()
     async with PostgresCheckpointStore(conninfo) as store:

@@ -265,8 +265,9 @@ class PostgresCheckpointStore(SQLStore):
             instance ``{"prepare_threshold": None}`` behind PgBouncer in transaction mode).
         check_connections: Check that a pooled connection is alive (an empty query, one
             more round trip) before each store call. Without the check, a connection that
-            died (a restarted server, a proxy timeout) fails the one call that uses it,
-            and the pool replaces it; a failed resume leaves its checkpoint resumable.
+            died (a restarted server, a proxy timeout) fails the one call that uses it;
+            the pool then tests the others it holds and replaces the dead ones. A failed
+            resume leaves its checkpoint resumable.
 
     Raises:
         ~runlet.ConfigurationError: An argument is out of range.
@@ -337,14 +338,26 @@ class PostgresCheckpointStore(SQLStore):
     def _connection(self, *, write: bool, atomic: bool) -> Iterator[psycopg.Connection[Any]]:
         pool = self._pool
         assert pool is not None
-        # Connections are in autocommit mode: each statement is its own transaction,
-        # unless the unit is atomic: then conn.transaction() commits or rolls back on exit.
-        with pool.connection() as conn:
-            if atomic:
-                with conn.transaction():
-                    yield conn
-            else:
-                yield conn
+        broken = False
+        try:
+            # Connections are in autocommit mode: each statement is its own transaction,
+            # unless the unit is atomic: then conn.transaction() commits or rolls back.
+            with pool.connection() as conn:
+                try:
+                    if atomic:
+                        with conn.transaction():
+                            yield conn
+                    else:
+                        yield conn
+                except psycopg.OperationalError:
+                    broken = conn.broken
+                    raise
+        finally:
+            if broken:
+                # The server went away (a restart, a failover): its other connections in
+                # the pool are dead too. Test them now, so that this call is the only one
+                # to fail, not one call per pooled connection.
+                pool.check()
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         strings = {key: value for key, value in scalars.items() if isinstance(value, str)}
