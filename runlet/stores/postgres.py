@@ -15,7 +15,7 @@ trip over each other.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Final
 
 from .._errors import ConfigurationError
@@ -356,8 +356,10 @@ class PostgresCheckpointStore(SQLStore):
             if broken:
                 # The server went away (a restart, a failover): its other connections in
                 # the pool are dead too. Test them now, so that this call is the only one
-                # to fail, not one call per pooled connection.
-                pool.check()
+                # to fail, not one call per pooled connection. The call's own error
+                # stands, whatever the check meets (a pool closing, say).
+                with suppress(Exception):
+                    pool.check()
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         strings = {key: value for key, value in scalars.items() if isinstance(value, str)}
