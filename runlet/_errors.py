@@ -38,6 +38,11 @@ resumable, so the application can correct the problem and try again.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._store import Resolution
+
 __all__ = [
     "CheckpointCancelledError",
     "CheckpointClaimedError",
@@ -222,7 +227,9 @@ class CheckpointResolvedError(ResumeError):
         resolution: The stored :class:`~runlet.Resolution`, when the store supplied it.
     """
 
-    def __init__(self, message: str, *, checkpoint_id: str, resolution: object = None) -> None:
+    def __init__(
+        self, message: str, *, checkpoint_id: str, resolution: Resolution | None = None
+    ) -> None:
         super().__init__(message, checkpoint_id=checkpoint_id)
         self.resolution = resolution
 
