@@ -15,7 +15,7 @@ from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._errors import CheckpointSerializationError, RunletError
-from ._human import Decision, HumanOption, HumanRequest, _new_request, utc_now
+from ._human import Decision, HumanOption, HumanRequest, _new_request
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 from ._util import slot_builder
@@ -167,6 +167,41 @@ def _check_checkpoint(checkpoint: Checkpoint) -> None:
         _check_json(decision.metadata, f"decisions[{index}].metadata")
 
 
+def _check_loaded(checkpoint: Checkpoint) -> None:
+    """Refuse, when reading, a value JSON cannot hold: a NaN that ``json.loads`` let
+    through, or an object in data made by hand. Found only when the resume writes the
+    next checkpoint, it would fail every retry, after an approved call ran. Flat JSON
+    (the common case) is seen at a glance; anything else gets the full check."""
+    if not (_flat(checkpoint.metadata) and _flat(checkpoint.options) and _flat_calls(checkpoint)):
+        _check_checkpoint(checkpoint)
+
+
+def _flat(mapping: Mapping[str, Any] | None) -> bool:
+    """Whether every value of *mapping* is a JSON scalar (so no check can fail on it)."""
+    if mapping:
+        for value in mapping.values():
+            if type(value) not in _PLAIN and not (type(value) is float and math.isfinite(value)):
+                return False
+    return True
+
+
+def _flat_calls(checkpoint: Checkpoint) -> bool:
+    last = None  # a checkpoint's copies of one call share their arguments
+    for messages in (checkpoint.messages, checkpoint.transcript):
+        for message in messages:
+            for call in message.tool_calls:
+                if call.arguments is not last and not _flat(call.arguments):
+                    return False
+                last = call.arguments
+    for call in checkpoint.pending_tool_calls:
+        if call.arguments is not last and not _flat(call.arguments):
+            return False
+    for decision in checkpoint.decisions:
+        if not (_flat(decision.arguments) and _flat(decision.metadata)):
+            return False
+    return True
+
+
 def _check_arguments(arguments: object, call: str) -> None:
     path = f"{call}.arguments"
     if not isinstance(arguments, (dict, MappingProxyType)):
@@ -223,6 +258,8 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
                 or (in_message[0].id == only.id and in_message[0].name == only.name)
             )
             and (asked is only or asked == only)
+            and checkpoint.request.kind == "approval"
+            and not checkpoint.request.options
         ):
             return
     calls = {call.id: call for call in transcript[-1].tool_calls}
@@ -253,6 +290,9 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
                 f"does not match pending call {call.id!r} (its id, tool or arguments "
                 "differ), so the person would decide on something other than what runs",
             )
+        problem = _request_problem(request)
+        if problem is not None:
+            _broken("request" if index == 0 else f"more_requests[{index - 1}]", problem)
     if len({request.id for request in requests}) != len(requests):
         _broken("more_requests", "two open requests share an id")
     for index, result in enumerate(checkpoint.results):
@@ -273,6 +313,33 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
     if len(seen) != len(calls):
         missing = ", ".join(repr(i) for i in calls if i not in seen)
         _broken("results", f"calls {missing} have neither a result nor a pending request")
+
+
+def _request_problem(request: HumanRequest) -> str | None:
+    """What is wrong with *request* as the request its call makes, or ``None``: an
+    approval offers no options; a question (an ``ask_human`` call) asks what its call's
+    arguments ask, with the options they offer."""
+    if request.kind == "approval":
+        return "is an approval that offers options" if request.options else None
+    arguments = request.tool_call.arguments
+    raw = arguments.get("options", [])
+    offered = tuple(
+        (option.get("id"), option.get("label"), option.get("description"))
+        if isinstance(option, dict)
+        else None
+        for option in (raw if isinstance(raw, list) else [None])
+    )
+    shown = tuple((option.id, option.label, option.description) for option in request.options)
+    if (
+        arguments.get("kind") != request.kind
+        or arguments.get("prompt") != request.prompt
+        or offered != shown
+    ):
+        return (
+            f"is a {request.kind!r} question that its call does not ask (its kind, prompt "
+            "or options differ from the call's arguments)"
+        )
+    return None
 
 
 def _broken(path: str, problem: str) -> None:
@@ -554,8 +621,24 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
         ),
     )
     if not detailed:
-        _register_checkpoint_paths(converter)
+        _register_checkpoint_paths(converter)  # its request hook requires created_at
+    else:
+        _require_created_at(converter)
     return converter
+
+
+def _require_created_at(converter: cattrs.Converter) -> None:
+    """Stored requests always hold their time: a missing one is refused, never replaced
+    by the time of reading (which would differ at each load)."""
+    generated = converter.get_structure_hook(HumanRequest)
+
+    def request_in(data: Any, cls: Any = HumanRequest) -> HumanRequest:
+        if isinstance(data, Mapping) and "created_at" not in data:
+            raise ValueError("required field created_at is missing")
+        made: HumanRequest = generated(data, cls)
+        return made
+
+    converter.register_structure_hook(HumanRequest, request_in)
 
 
 _REQUEST_KEYS = frozenset(
@@ -631,12 +714,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             prompt,
             options_in(data["options"], None) if "options" in data else (),
             tool_call=call,
-            # Without a time, the request's own default (now), as the generated hook did.
-            created_at=(
-                _structure_datetime(data["created_at"], datetime)
-                if "created_at" in data
-                else utc_now()
-            ),
+            created_at=_structure_datetime(data["created_at"], datetime),
             expires_at=expires_at,
             outcome_unknown=outcome_unknown,
         )
@@ -826,6 +904,7 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
     except Exception:  # noqa: BLE001 - the detailed converter explains, or reads it after all
         checkpoint = _structure(data, Checkpoint, "checkpoint")
     check_integrity(checkpoint)
+    _check_loaded(checkpoint)
     return checkpoint
 
 

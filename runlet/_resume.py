@@ -56,6 +56,7 @@ from ._human import (
     HumanResponse,
     answer_result,
     check_response,
+    is_ask_human,
     make_request,
 )
 from ._loop import (
@@ -654,12 +655,25 @@ def _check_agent(agent: Agent, checkpoint: Checkpoint) -> None:
             checkpoint_id=checkpoint.id,
             tool_name=None,
         )
-    for call in checkpoint.pending_tool_calls:
-        if call.name not in agent._by_name:
+    for index, request in enumerate(checkpoint.open_requests):
+        call = request.tool_call
+        tool = agent._by_name.get(call.name)
+        if tool is None:
             raise MissingToolError(
                 f"Checkpoint {checkpoint.id!r} has a pending call of tool {call.name!r}, but "
                 f"the agent given to resume() has no such tool. Add the tool to agent "
                 f"{agent.name!r}.",
                 checkpoint_id=checkpoint.id,
                 tool_name=call.name,
+            )
+        if (request.kind == "approval") is is_ask_human(tool):
+            # The call's tool asks a question but the request wants a yes, or the other
+            # way round: answering it would not mean what the person was asked.
+            path = "request" if index == 0 else f"more_requests[{index - 1}]"
+            raise CheckpointSerializationError(
+                f"This checkpoint does not hang together: {path} is a {request.kind!r} "
+                f"request for a call of tool {call.name!r}, which "
+                f"{'asks a question' if is_ask_human(tool) else 'needs an approval'}. It "
+                "was altered or written by a broken store; it cannot be resumed safely.",
+                path=f"{path}.kind",
             )

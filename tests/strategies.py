@@ -164,6 +164,25 @@ def checkpoints(
     calls = draw(st.lists(tool_calls, min_size=1, max_size=4, unique_by=lambda c: c.id))
     waiting = draw(st.lists(st.booleans(), min_size=len(calls), max_size=len(calls)))
     waiting[draw(st.integers(0, len(calls) - 1))] = True
+    # A request asks what its call asks: an approval offers no options; a question is an
+    # ask_human call whose arguments hold its kind, prompt and options.
+    asked: dict[str, tuple[str, str, tuple[HumanOption, ...]]] = {}
+    for index, (c, wait) in enumerate(zip(calls, waiting, strict=True)):
+        kind = draw(st.sampled_from(_KINDS))
+        if not wait or kind == "approval":
+            asked[c.id] = ("approval", draw(texts), ())
+            continue
+        prompt = draw(texts)
+        offered = draw(human_options) if kind == "choice" else ()
+        arguments: dict[str, Any] = {"kind": kind, "prompt": prompt}
+        if offered:
+            arguments["options"] = [
+                {"id": o.id, "label": o.label}
+                | ({} if o.description is None else {"description": o.description})
+                for o in offered
+            ]
+        calls[index] = ToolCall(c.id, "ask_human", arguments)
+        asked[c.id] = (kind, prompt, offered)
     pending = tuple(c for c, wait in zip(calls, waiting, strict=True) if wait)
     results = tuple(
         ToolResult(c.id, draw(texts), draw(st.booleans()))
@@ -174,9 +193,7 @@ def checkpoints(
     requests = [
         HumanRequest(
             request_id,
-            draw(st.sampled_from(_KINDS)),
-            draw(texts),
-            draw(human_options),
+            *asked[c.id],
             tool_call=c,
             created_at=draw(times),
             expires_at=draw(st.none() | times),

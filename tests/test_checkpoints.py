@@ -504,6 +504,112 @@ def test_a_later_open_request_for_other_arguments_is_refused_by_its_place() -> N
     assert "more_requests[0].tool_call" == info.value.path
 
 
+def _v2(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The version-2 golden data (an approval for a refund, then an ask_human choice),
+    with *change* applied."""
+    data: dict[str, Any] = json.loads(GOLDEN_V2.read_text())
+    change(data)
+    return data
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = data
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        if value is _DROP:
+            del node[last]
+        else:
+            node[int(last) if last.isdigit() else last] = value
+
+    return change
+
+
+_DROP = object()
+
+
+_OPTIONS = [{"id": "yes", "label": "Yes"}]
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        # An approval turned into a question: answering it would not run the refund,
+        # yet the model would be told the person picked something.
+        (_set("request.kind", "choice"), "request"),
+        (_set("request.options", _OPTIONS), "request"),
+        (_set("more_requests.0.options.0.id", "fax"), "more_requests[0]"),
+        (_set("more_requests.0.options.1.label", "Pigeon"), "more_requests[0]"),
+        (_set("more_requests.0.prompt", "Refund everything?"), "more_requests[0]"),
+        (_set("more_requests.0.kind", "input"), "more_requests[0]"),
+        (_set("more_requests.0.options", _DROP), "more_requests[0]"),
+    ],
+    ids=[
+        "approval-made-a-choice",
+        "approval-with-options",
+        "option-id",
+        "option-label",
+        "question-prompt",
+        "choice-made-input",
+        "choice-without-options",
+    ],
+)
+def test_a_request_that_asks_other_than_its_call_is_refused(
+    change: Callable[[dict[str, Any]], None], path: str
+) -> None:
+    with pytest.raises(
+        CheckpointSerializationError, match=r"question that its call|approval that offers"
+    ) as info:
+        structure_checkpoint(_v2(change))
+    assert path == info.value.path
+
+
+async def test_a_question_turned_into_an_approval_is_refused_at_resume() -> None:
+    # Without its options, a choice reads as an approval, which loads; but its call is an
+    # ask_human call, so approving it would "run" a question. The resume refuses it.
+    def change(data: dict[str, Any]) -> None:
+        ask = data["more_requests"][0]
+        ask["kind"] = "approval"
+        del ask["options"]
+        data["pending_tool_calls"] = data["pending_tool_calls"][::-1]
+        data["request"], data["more_requests"] = ask, [data["request"]]
+
+    store = InMemoryCheckpointStore()
+    checkpoint = structure_checkpoint(_v2(change))
+    await store.save(checkpoint)
+    tools = Tools()
+    rt = Runtime(checkpoint_store=store)
+    response = HumanResponse(checkpoint.request.id, "approve")
+
+    with pytest.raises(CheckpointSerializationError, match="asks a question") as info:
+        await rt.resume(
+            tools.agent(ScriptedModel([])), checkpoint_id=checkpoint.id, response=response
+        )
+    assert "request.kind" == info.value.path
+    assert "pending" == (await store.get(checkpoint.id)).status
+
+
+async def test_an_approval_whose_tool_now_asks_a_question_is_refused_at_resume() -> None:
+    store = InMemoryCheckpointStore()
+    checkpoint = structure_checkpoint(_v2(lambda data: None))
+    await store.save(checkpoint)
+    tools = Tools()
+    agent = tools.agent(ScriptedModel([]))
+    asking = attrs.evolve(ask_human(), name="refund")
+    other = Agent(
+        agent.name, agent.instructions, agent.model, (agent.tools[0], asking, ask_human())
+    )
+    response = HumanResponse(checkpoint.request.id, "approve")
+
+    with pytest.raises(CheckpointSerializationError, match="asks a question") as info:
+        await Runtime(checkpoint_store=store).resume(
+            other, checkpoint_id=checkpoint.id, response=response
+        )
+    assert "request.kind" == info.value.path
+    assert [] == tools.refunds
+
+
 def test_the_one_call_checkpoint_these_tests_alter_hangs_together() -> None:
     checkpoint = structure_checkpoint(_one_call_checkpoint())
 
@@ -588,6 +694,97 @@ def test_v1_migration_keeps_only_the_fields_an_option_has() -> None:
         HumanOption("email", "Email"),
         HumanOption("sms", "Text message", "Only if they opted in"),
     ) == ask.options
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        (_set("request.created_at", _DROP), "checkpoint.request"),
+        (_set("more_requests.0.created_at", _DROP), "checkpoint.more_requests[0]"),
+    ],
+    ids=["request", "more_requests"],
+)
+def test_a_version_2_request_without_its_time_is_refused(
+    change: Callable[[dict[str, Any]], None], path: str
+) -> None:
+    # Not filled in with the time of reading, which would differ at every load.
+    with pytest.raises(CheckpointSerializationError, match="created_at is missing") as info:
+        structure_checkpoint(_v2(change))
+    assert path == info.value.path
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ('"trace": null', "metadata['trace']"),
+        ('"ticket": 42', "decisions[0].metadata['ticket']"),
+    ],
+)
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_number_json_cannot_hold_is_refused_when_read(text: str, path: str, value: str) -> None:
+    # json.loads reads NaN and Infinity, which no checkpoint can be written with: found
+    # only when a resume writes the next checkpoint, after the approved call ran, it
+    # would fail every retry. Reading refuses it instead.
+    key = text.split(":")[0]
+    data = json.loads(GOLDEN_V2.read_text().replace(text, f"{key}: {value}"))
+
+    with pytest.raises(CheckpointSerializationError, match="JSON cannot hold") as info:
+        structure_checkpoint(data)
+    assert path == info.value.path
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        (_set("options.stop", {"\n"}), "options['stop']"),
+        (_set("options.temperature", float("nan")), "options['temperature']"),
+        (
+            _set("transcript.2.tool_calls.0.arguments.when", float("inf")),
+            "transcript[2].tool_calls[0].arguments['when']",
+        ),
+        (
+            _set("transcript.4.tool_calls.2.arguments.when", float("-inf")),
+            "transcript[4].tool_calls[2].arguments['when']",
+        ),
+    ],
+    ids=["a-set", "nan", "in-a-call", "in-an-answered-call"],
+)
+def test_data_made_by_hand_with_values_json_cannot_hold_is_refused(
+    change: Callable[[dict[str, Any]], None], path: str
+) -> None:
+    with pytest.raises(CheckpointSerializationError) as info:
+        structure_checkpoint(_v2(change))
+    assert path == info.value.path
+
+
+@pytest.mark.parametrize("where", ["messages", "transcript"])
+def test_an_earlier_call_json_cannot_hold_is_refused_when_read(where: str) -> None:
+    # Everything else in this checkpoint is flat JSON, seen at a glance.
+    looked_up = ToolCall("c0", "lookup", {"order_id": "1"})
+    earlier = (
+        Message.user("Refund 1."),
+        Message.assistant("", [looked_up]),
+        Message.tool(ToolResult("c0", "found")),
+    )
+    data = _one_call_checkpoint(
+        messages=earlier, transcript=(*earlier, Message.assistant("", [_FIRST]))
+    )
+    data[where][1]["tool_calls"][0]["arguments"]["total"] = float("nan")
+
+    with pytest.raises(CheckpointSerializationError, match="JSON cannot hold") as info:
+        structure_checkpoint(data)
+    assert f"{where}[1].tool_calls[0].arguments['total']" == info.value.path
+
+
+def test_finite_floats_and_nested_values_load() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["options"]["temperature"] = -0.0
+        data["metadata"]["limits"] = {"max": 1e308, "tags": [1.5, None, {"deep": [True]}]}
+
+    checkpoint = structure_checkpoint(_v2(change))
+
+    assert {"max": 1e308, "tags": [1.5, None, {"deep": [True]}]} == checkpoint.metadata["limits"]
+    assert "-0.0" == repr(checkpoint.options["temperature"])
 
 
 def test_v1_migration_keeps_a_time_the_request_already_has() -> None:

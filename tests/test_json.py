@@ -368,6 +368,13 @@ MALFORMED_CASES: list[tuple[str, type[Any], Any, str | None, str]] = [
     ("not an object", RunResult, "completed", "RunResult", "expected a JSON object"),
     ("a list", Usage, [1, 2, 3], "Usage", "expected a JSON object"),
     ("a number", HumanResponse, 5, "HumanResponse", "expected a JSON object @"),
+    (
+        "a request without its time",
+        HumanRequest,
+        {k: v for k, v in unstructure(_request()).items() if k != "created_at"},
+        "HumanRequest",
+        "required field created_at is missing",
+    ),
     ("null", RunResult, None, "RunResult", "expected a JSON object @"),
     (
         "a number for a call",
