@@ -118,16 +118,19 @@ async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
         for number, option in enumerate(request.options, 1):
             print(f"  {number}. {option.label} ({option.description or option.id})")
         picked = request.options[0]
-        if ask is not None:
+        while ask is not None:
             answer = (await ask(f"Pick 1-{len(request.options)} [1]: ")).strip() or "1"
-            picked = request.options[int(answer) - 1]
+            if answer.isdigit() and 1 <= int(answer) <= len(request.options):
+                picked = request.options[int(answer) - 1]
+                break
+            print(f"  Type a number from 1 to {len(request.options)}.")
         print(f"  -> {picked.label}")
         return HumanResponse(request.id, "select", value=picked.id)
     if request.kind == "input":
         text = await ask("Your answer: ") if ask is not None else "yes"
         return HumanResponse(request.id, "submit", value=text)
     if ask is None:
-        print("  -> approved (--yes)")
+        print("  -> approved (answered by the demo: --yes, or no terminal to ask in)")
         return HumanResponse(request.id, "approve")
     answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower() or "a"
     if answer.startswith("r"):

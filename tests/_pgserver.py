@@ -48,7 +48,12 @@ def server(bin_path: Path) -> Iterator[str]:
     as_postgres: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="runlet-pg-"))
     if os.geteuid() == 0:  # initdb refuses to run as root
-        as_postgres = ["runuser", "-u", "postgres", "--"]
+        # runuser lives in /usr/sbin, which a user's PATH may lack.
+        runuser = shutil.which("runuser") or next(
+            (path for path in ("/usr/sbin/runuser", "/sbin/runuser") if os.path.exists(path)),
+            "runuser",
+        )
+        as_postgres = [runuser, "-u", "postgres", "--"]
         shutil.chown(root, "postgres")
     data, log, port = root / "data", root / "log", free_port()
     try:

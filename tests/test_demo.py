@@ -69,6 +69,13 @@ class TestDemo:
         output = await demo(ScriptedModel(scripted_support), answers("2", "e", "999"))
         assert output == "Done: order 999 refunded as credit."
 
+    async def test_a_choice_that_is_not_an_offered_number_is_asked_again(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        output = await demo(ScriptedModel(scripted_support), answers("card", "0", "3", "2", ""))
+        assert output == "Done: order 123 refunded as credit."
+        assert 3 == capsys.readouterr().out.count("Type a number from 1 to 2.")
+
     async def test_person_rejects_the_refund(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("1", "r"))
         assert output == "Understood: I did not issue the refund."
