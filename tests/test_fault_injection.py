@@ -57,6 +57,12 @@ class Faults:
         if self.target is None or when != self.when or len(self.points) - 1 != self.target:
             return
         self.target = None  # once
+        if self.kind == "deadline":
+            # A deadline that runs out here: the cancellation is delivered at the next
+            # await that yields, wherever that is (the operation itself goes on).
+            assert self.scope is not None
+            self.scope.cancel()
+            return
         if self.kind == "cancel":
             assert self.scope is not None
             self.scope.cancel()
@@ -125,11 +131,13 @@ class Bank:
         self.faults = faults
         self.refunds: dict[str, str] = {}
         self.runs: list[str] = []
+        self.finished = 0  # refund handlers that returned
 
     async def refund(self, arguments: Mapping[str, Any], context: ToolContext) -> str:
         self.runs.append(context.idempotency_key)
         await self.faults.around("refund", anyio.lowlevel.checkpoint)
         self.refunds.setdefault(context.idempotency_key, arguments["order_id"])
+        self.finished += 1
         return f"Refunded order {arguments['order_id']}."
 
     async def lookup(self, arguments: Mapping[str, Any], context: ToolContext) -> str:
@@ -170,7 +178,7 @@ async def undisturbed(idempotent: bool) -> tuple[list[str], tuple[runlet.Message
 
 
 async def disturbed(
-    idempotent: bool, target: int, when: str, kind: str
+    idempotent: bool, target: int, when: str, kind: str, streamed: bool = False
 ) -> tuple[runlet.RunResult, Bank, FaultyStore, Runtime, Agent]:
     faults = Faults()
     rt, agent, bank, store = setup(faults, idempotent=idempotent)
@@ -180,10 +188,21 @@ async def disturbed(
     response = HumanResponse(first.interruption.id, "approve")
     faults.points.clear()
     faults.target, faults.when, faults.kind = target, when, kind
+    result: runlet.RunResult | None = None
     with anyio.CancelScope() as scope:
         faults.scope = scope
         try:
-            result = await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=response)
+            if streamed:  # the events add await points of their own
+                async with rt.stream_resume(
+                    agent, checkpoint_id=first.checkpoint_id, response=response
+                ) as stream:
+                    async for _ in stream:
+                        pass
+                result = stream.result
+            else:
+                result = await rt.resume(
+                    agent, checkpoint_id=first.checkpoint_id, response=response
+                )
         except (Injected, runlet.ModelError):
             result = None
     assert faults.target is None, "the fault was injected"
@@ -206,12 +225,17 @@ def _targets(points: list[str], kind: str) -> list[int]:
     # An exception raised by a handler is the tool's own failure, which the model is told
     # about (a result, not a fault of the resume); a cancellation can land anywhere.
     handlers = ("refund", "notify")
-    return [i for i, name in enumerate(points) if kind == "cancel" or name not in handlers]
+    return [i for i, name in enumerate(points) if kind != "error" or name not in handlers]
 
 
-@pytest.mark.parametrize("kind", ["cancel", "error"])
+KINDS = ["cancel", "deadline", "error"]
+STREAMED = pytest.mark.parametrize("streamed", [False, True], ids=["resume", "stream_resume"])
+
+
+@STREAMED
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("when", ["before", "after"])
-async def test_every_await_point_of_resume(when: str, kind: str) -> None:
+async def test_every_await_point_of_resume(when: str, kind: str, streamed: bool) -> None:
     points, expected = await undisturbed(idempotent=True)
     # get, claim, record (decision), refund, record (result), model, notify, model, resolve
     assert [
@@ -226,27 +250,32 @@ async def test_every_await_point_of_resume(when: str, kind: str) -> None:
         "resolve",
     ] == (points)
     for target in _targets(points, kind):
-        result, bank, store, _, _ = await disturbed(True, target, when, kind)
+        result, bank, store, _, _ = await disturbed(True, target, when, kind, streamed)
         label = f"{kind} {when} {points[target]} (#{target})"
         assert "completed" == result.status, label
         assert expected == result.transcript, label
+        if kind == "deadline":  # no store call fails: a handler that returned, once
+            assert 1 == bank.finished, label
         assert 1 == len(bank.refunds), label  # paid once, whatever the attempts
         assert 0 == len(store), label  # nothing left open
         states = {(await store.get(cid)).status for cid in list(store._entries)}
         assert {"resolved"} == states, label
 
 
-@pytest.mark.parametrize("kind", ["cancel", "error"])
+@STREAMED
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_a_non_idempotent_tool_never_runs_twice_without_a_person(
-    when: str, kind: str
+    when: str, kind: str, streamed: bool
 ) -> None:
     points, expected = await undisturbed(idempotent=False)
     for target in _targets(points, kind):
-        result, bank, store, _, _ = await disturbed(False, target, when, kind)
+        result, bank, store, _, _ = await disturbed(False, target, when, kind, streamed)
         label = f"{kind} {when} {points[target]} (#{target})"
         assert "completed" == result.status, label
         assert 0 == len(store), label
+        if kind == "deadline":
+            assert 1 == bank.finished, label
         asked_again = [d for d in result.decisions if d.action == "approve"]
         # The handler never runs more often than people approved it: a second run
         # happens only after a person approved the outcome-unknown request.
