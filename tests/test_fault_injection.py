@@ -1,11 +1,15 @@
-"""Fault injection: a cancellation or a failure at every await point of ``resume()``.
+"""Fault injection: a cancellation or a failure at every await point of ``resume()`` and
+of ``stream_resume()``.
 
 Each await point of an undisturbed resume (every store call, every model call, every
 tool handler) is found first by counting. Then, for each point, before and after the
-operation, a fresh run is interrupted and resumed with a cancellation or an error injected
-exactly there, and the resume is retried until it finishes. Every case must end with:
+operation, a fresh run is interrupted and resumed with a fault injected exactly there,
+and the resume is retried until it finishes. The faults: a cancellation delivered there;
+a deadline that runs out there (the cancellation lands at the next await that yields,
+wherever that is: a stream's events add such awaits); an error. Every case must end with:
 the approved refund paid once (distinct idempotency keys), no checkpoint left open, and
-the same final transcript as the undisturbed run.
+the same final transcript as the undisturbed run; under a deadline, which fails no store
+call, a refund handler that returned never runs again.
 """
 
 from __future__ import annotations
