@@ -159,14 +159,25 @@ async def _resume(
     deferred: list[Checkpoint] = []
     try:
         record: Record = partial(durable_store.record, checkpoint_id, token)
+        record_result = record
         if type(durable_store) is not InMemoryCheckpointStore:
             # A store that yields could be stopped by a cancellation that came while a
             # handler ran: its result must still be recorded. (The in-memory store never
-            # yields, so nothing can stop it; a shield there would only cost time.)
-            record = partial(_record_shielded, record)
+            # yields, so nothing can stop it; a shield there would only cost time.) The
+            # decisions are not shielded: cancelled before they are stored, nothing ran.
+            record_result = partial(_record_shielded, record)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
-            loop, agent, claim.checkpoint, answers, claim.records, record, deferred, emit, trace
+            loop,
+            agent,
+            claim.checkpoint,
+            answers,
+            claim.records,
+            record,
+            deferred,
+            emit,
+            trace,
+            record_result,
         )
         lease = durable_store.lease
         if lease:
@@ -395,9 +406,11 @@ async def _continue(
     deferred: list[Checkpoint] | None,
     emit: Emit | None = None,
     trace: RunTrace | None = None,
+    record_result: Record | None = None,
 ) -> tuple[RunResult, tuple[Decision, ...]]:
-    """Steps 3-5: record the decisions, run the approved calls (recording each result),
-    then interrupt for what is left or continue the run. Returns the result and this
+    """Steps 3-5: record the decisions (with *record*), run the approved calls (recording
+    each result with *record_result*, by default *record*), then interrupt for what is
+    left or continue the run. Returns the result and this
     checkpoint's decisions in call order."""
     # The common case (a first attempt, nothing answered beside it) skips the building.
     earlier = {known.tool_call_id: known for known in records} if records else {}
@@ -451,14 +464,14 @@ async def _continue(
         else:
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
-        await _run_approved(run, *to_run[0], results, record)
+        await _run_approved(run, *to_run[0], results, record_result or record)
     elif to_run:
         # A failure (a lost lease, a store error) stops the others and is raised as
         # itself, as with one call, not wrapped in an exception group.
         failures: list[Exception] = []
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
-                work = partial(_run_approved, run, call, decision, results, record)
+                work = partial(_run_approved, run, call, decision, results, record_result or record)
                 group.start_soon(_or_stop, work, group.cancel_scope, failures)
         if failures:
             raise failures[0]

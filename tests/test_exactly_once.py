@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import attrs
 import pytest
 
@@ -1681,3 +1682,44 @@ async def test_a_cancellation_that_comes_while_the_handler_runs_keeps_its_result
     assert {payments.attempts[0]: "7"} == payments.paid
     assert "Refunded order 7." == retried.transcript[2].tool_result.content  # type: ignore[union-attr]
     assert not any(isinstance(event, runlet.ToolCallFinished) for event in events)
+
+
+async def test_a_resume_cancelled_before_its_decisions_are_stored_starts_nothing(
+    tmp_path: Any,
+) -> None:
+    # A client that goes away right after its answer was accepted: on a store that
+    # yields, the cancellation lands as the decisions are stored. Nothing was stored and
+    # nothing ran, so the retry runs the call as if for the first time (no "outcome
+    # unknown" request for a call that never started).
+    from runlet.stores.sqlite import SQLiteCheckpointStore
+
+    scope = anyio.CancelScope()
+
+    class Store(SQLiteCheckpointStore):
+        async def claim(self, checkpoint_id: str) -> runlet.Claim:
+            claim = await super().claim(checkpoint_id)
+            scope.cancel()  # delivered at the next await that yields
+            return claim
+
+    started: list[str] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        started.append(context.idempotency_key)
+        await anyio.lowlevel.checkpoint()
+        return "Refunded order 7."
+
+    spec = ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, refund, requires_approval=True)
+    agent = agent_with(ScriptedModel([call("refund", id="c1", order_id="7"), "Done."]), spec)
+    async with Store(tmp_path / "runs.db") as store:
+        rt = Runtime(checkpoint_store=store)
+        first = await rt.run(agent, "Refund order 7.")
+        with scope:
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+        assert scope.cancelled_caught
+        assert [] == started
+        assert () == (await store.get(cp(first))).records
+
+        retried = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert "completed" == retried.status
+    assert 1 == len(started)
