@@ -284,6 +284,18 @@ def _decide(
                 f"Two responses answer request {request.id!r}; give one per request."
             )
         check_response(request, response)
+        if records and any(
+            r.tool_call_id == call_id and r.decision.action == "expire" for r in records
+        ):
+            # An expire() stored its decision and has not finished (it is running, or
+            # failed and will be retried): the request is expired, not answered.
+            raise HumanRequestExpiredError(
+                f"Request {request.id!r} was expired with runtime.expire(), so this "
+                "response can no longer be applied; the run goes on without it once the "
+                "expiry finishes (retry runtime.expire(...) if it failed).",
+                checkpoint_id=checkpoint.id,
+                request_id=request.id,
+            )
         if (
             request.expires_at is not None
             and now >= request.expires_at

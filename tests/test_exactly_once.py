@@ -1584,6 +1584,34 @@ async def test_expire_after_a_failed_attempt_keeps_the_recorded_answer() -> None
     assert 1 == len(payments.attempts)
 
 
+@pytest.mark.parametrize(
+    ("expired_at", "answered_at"), [(30, 40), (120, 130)], ids=["before-expires_at", "after"]
+)
+async def test_an_answer_after_an_unfinished_expire_is_refused_as_expired(
+    expired_at: int, answered_at: int
+) -> None:
+    # expire() stored its decision, then its model call failed: the request is expired,
+    # not answered, so a person's answer gets the expired error (410), never a conflict
+    # with an "expire" answer no HumanResponse can give. expire() then finishes the run.
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=[_down, "Told the customer."], clock=clock, expires_after=60
+    )
+    clock.advance(expired_at)  # expire() gives up waiting, maybe before expires_at
+    with pytest.raises(runlet.ModelError):
+        await rt.expire(agent, checkpoint_id=cp(first))
+    clock.advance(answered_at - expired_at)
+
+    with pytest.raises(HumanRequestExpiredError, match=r"expired with runtime\.expire") as info:
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert first.interruption is not None
+    assert (cp(first), first.interruption.id) == (info.value.checkpoint_id, info.value.request_id)
+
+    result = await rt.expire(agent, checkpoint_id=cp(first))
+    assert ("completed", ["expire"]) == (result.status, [d.action for d in result.decisions])
+    assert [] == payments.attempts
+
+
 async def test_expire_repeated_after_a_failed_attempt_returns_its_result() -> None:
     clock = Clock()
     payments = Payments()
