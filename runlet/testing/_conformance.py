@@ -28,6 +28,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
+import attrs
 
 from .._agent import Agent
 from .._checkpoint import Checkpoint, structure, unstructure
@@ -44,7 +45,7 @@ from .._human import Decision, HumanRequest, HumanResponse
 from .._messages import Message, ToolCall, ToolResult, Usage
 from .._result import RunResult
 from .._runtime import Runtime
-from .._store import CallRecord, DurableCheckpointStore, PendingRequest, Resolution
+from .._store import CallRecord, Claim, DurableCheckpointStore, PendingRequest, Resolution
 from .._tools import ToolContext, ToolSpec
 from ._scripted import ScriptedModel, call
 
@@ -124,6 +125,113 @@ def sample_resolution(checkpoint: Checkpoint, next_id: str | None = None) -> Res
         decisions=(decision,),
     )
     return Resolution(decisions=(decision,), result=result, resolved_at=_T0)
+
+
+def _record(checkpoint: Checkpoint, call_id: str | None = None) -> CallRecord:
+    """A record of an approval of *checkpoint*'s request (for *call_id*, if given)."""
+    decision = sample_decision(checkpoint)
+    if call_id is not None:
+        decision = Decision(**{**_fields(decision), "tool_call_id": call_id})
+    return CallRecord(tool_call_id=decision.tool_call_id, decision=decision)
+
+
+def _call_id(record: CallRecord) -> str:
+    return record.tool_call_id
+
+
+def _fields(instance: Any) -> dict[str, Any]:
+    """An attrs instance's fields, to make a changed copy with its class."""
+    return {name: getattr(instance, name) for name in attrs.fields_dict(type(instance))}
+
+
+async def _race_record_and_takeover(
+    store: DurableCheckpointStore, checkpoint_id: str
+) -> tuple[CallRecord | None, Claim]:
+    """Claim *checkpoint_id* in a store whose leases run out at once, then record with
+    that claim while another claim takes it over. Returns the record if it was accepted,
+    and the new claim."""
+    checkpoint = sample_checkpoint(checkpoint_id)
+    await store.save(checkpoint)
+    old = await store.claim(checkpoint_id)
+    record = _record(checkpoint)
+    accepted: list[CallRecord] = []
+    claims: list[Claim] = []
+
+    async def write() -> None:
+        try:
+            await store.record(checkpoint_id, old.token, [record])
+        except LeaseLostError:
+            return
+        accepted.append(record)
+
+    async def take() -> None:
+        claims.append(await store.claim(checkpoint_id))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write)
+        group.start_soon(take)
+    return (accepted[0] if accepted else None), claims[0]
+
+
+async def _race_resolve_and_takeover(
+    store: DurableCheckpointStore, checkpoint_id: str
+) -> tuple[bool, bool]:
+    """Resolve *checkpoint_id* with a claim while another claim takes it over; returns
+    whether the resolve and whether the takeover succeeded."""
+    checkpoint = sample_checkpoint(checkpoint_id)
+    await store.save(checkpoint)
+    old = await store.claim(checkpoint_id)
+    won: dict[str, bool] = {"resolve": False, "claim": False}
+
+    async def resolve() -> None:
+        try:
+            await store.resolve(checkpoint_id, old.token, sample_resolution(checkpoint))
+        except LeaseLostError:
+            return
+        won["resolve"] = True
+
+    async def take() -> None:
+        try:
+            await store.claim(checkpoint_id)
+        except CheckpointResolvedError:
+            return
+        won["claim"] = True
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resolve)
+        group.start_soon(take)
+    return won["resolve"], won["claim"]
+
+
+def _rich_checkpoint() -> Checkpoint:
+    """Two open requests, an earlier result, a decision, an expiry, an outcome-unknown
+    request and microseconds: every field a store could lose away from its default."""
+    plain = sample_checkpoint("cp_1")
+    first, second = plain.request.tool_call, ToolCall("call_2", "refund", {"order_id": "2"})
+    done = ToolCall("call_0", "lookup", {"order_id": "1"})
+    when = datetime.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=_UTC)
+    request = HumanRequest(
+        plain.request.id,
+        "approval",
+        plain.request.prompt,
+        tool_call=first,
+        created_at=when,
+        expires_at=when + datetime.timedelta(hours=1),
+        outcome_unknown=True,
+    )
+    later = HumanRequest("req_2", "approval", "Allow?", tool_call=second, created_at=when)
+    transcript = (plain.transcript[0], Message.assistant("", (done, first, second)))
+    return Checkpoint(
+        **{
+            **_fields(plain),
+            "transcript": transcript,
+            "results": (ToolResult("call_0", "Order 1: 30 EUR.", True),),
+            "pending_tool_calls": (first, second),
+            "request": request,
+            "more_requests": (later,),
+            "decisions": (sample_decision(plain),),
+        }
+    )
 
 
 def store_conformance_tests(
@@ -323,7 +431,133 @@ def store_conformance_tests(
             with pytest.raises(LeaseLostError):
                 await store.renew("cp_1", "not-the-token")
 
+        async def test_the_lease_is_counted_in_seconds(self, store: DurableCheckpointStore) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            await store.claim("cp_1")
+            await anyio.sleep(0.1)  # far below 60 s: a lease kept in ms would be gone
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")
+
+        async def test_a_takeover_gets_the_records_of_the_claim_it_replaces(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            old = await quick.claim("cp_1")
+            record = _record(checkpoint)
+            await quick.record("cp_1", old.token, [record])
+            assert (record,) == (await quick.claim("cp_1")).records
+
+        async def test_a_resolved_checkpoint_is_never_claimed_again(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            claim = await quick.claim("cp_1")
+            await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+            with pytest.raises(CheckpointResolvedError):
+                await quick.claim("cp_1")  # even though its lease (0 s) ran out
+
+        async def test_a_token_is_dead_once_its_checkpoint_is_resolved(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            resolution = sample_resolution(checkpoint)
+            await store.resolve("cp_1", claim.token, resolution)
+            with pytest.raises(LeaseLostError):
+                await store.record("cp_1", claim.token, [_record(checkpoint)])
+            with pytest.raises(LeaseLostError):
+                await store.renew("cp_1", claim.token)
+            other = Resolution(
+                decisions=resolution.decisions,
+                result=RunResult(**{**_fields(resolution.result), "output": "Other."}),
+                resolved_at=_T0,
+            )
+            with pytest.raises(LeaseLostError):
+                await store.resolve("cp_1", claim.token, other)
+            stored = await store.get("cp_1")
+            assert ("resolved", resolution, ()) == (
+                stored.status,
+                stored.resolution,
+                stored.records,
+            )
+
+        async def test_a_cancel_after_the_lease_ran_out_fences_the_old_token(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            claim = await quick.claim("cp_1")
+            await quick.cancel("cp_1")  # allowed: the lease (0 s) ran out
+            with pytest.raises(LeaseLostError):
+                await quick.record("cp_1", claim.token, [_record(checkpoint)])
+            with pytest.raises(LeaseLostError):
+                await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+            assert (await quick.get("cp_1")).status == "cancelled"
+
+        async def test_a_write_racing_a_takeover_is_seen_by_the_new_owner_or_refused(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            # A record that succeeds happened before the takeover: the new owner sees it.
+            for index in range(20):
+                recorded, claim = await _race_record_and_takeover(quick, f"cp_{index}")
+                if recorded is not None:
+                    assert (recorded,) == claim.records, index
+
+        async def test_a_resolve_racing_a_takeover_has_one_winner(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            for index in range(20):
+                resolved, taken = await _race_resolve_and_takeover(quick, f"cp_{index}")
+                assert resolved != taken, (index, resolved, taken)
+
         # --- Records and resolution --------------------------------------------------
+
+        async def test_one_record_call_keeps_every_record_it_is_given(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            records = [_record(checkpoint, call_id) for call_id in ("call_c", "call_a", "call_b")]
+            await store.record("cp_1", claim.token, records)
+            assert sorted(records, key=_call_id) == sorted(
+                (await store.get("cp_1")).records, key=_call_id
+            )
+
+        async def test_a_stale_resolve_saves_no_next_checkpoint(
+            self, quick: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            old = await quick.claim("cp_1")
+            await quick.claim("cp_1")  # taken over
+            with pytest.raises(LeaseLostError):
+                await quick.resolve(
+                    "cp_1",
+                    old.token,
+                    sample_resolution(checkpoint, "cp_2"),
+                    sample_checkpoint("cp_2"),
+                )
+            with pytest.raises(CheckpointNotFoundError):
+                await quick.get("cp_2")
+            assert [found.checkpoint_id for found in await quick.list_pending()] == ["cp_1"]
+
+        async def test_delete_forgets_the_records_and_the_outcome(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            await store.record("cp_1", claim.token, [_record(checkpoint)])
+            await store.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+            await store.delete("cp_1")
+            await store.save(checkpoint)  # the same id again: a new checkpoint
+            stored = await store.get("cp_1")
+            assert (stored.status, stored.records, stored.resolution) == ("pending", (), None)
+            assert (await store.claim("cp_1")).records == ()
 
         async def test_records_are_replaced_by_call_id(self, store: DurableCheckpointStore) -> None:
             checkpoint = sample_checkpoint("cp_1")
@@ -413,7 +647,7 @@ def store_conformance_tests(
                 await store.save(sample_checkpoint(f"cp_{index}", minute=index))
             pages: list[list[str]] = []
             after: str | None = None
-            while True:
+            for _ in range(5):  # bounded: a store whose `after` is inclusive never ends
                 page = await store.list_pending(limit=3, after=after)
                 if not page:
                     break
@@ -503,7 +737,77 @@ def store_conformance_tests(
             assert await ids(metadata={"tenant": "acme"}) == ["cp_1", "cp_2"]
             assert await ids(metadata={"note": "a"}) == []
 
+        async def test_list_pending_keeps_the_order_of_saving_not_of_ids(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            for index in range(12):
+                await store.save(sample_checkpoint(f"cp_{index}", minute=index))
+            listed = [found.checkpoint_id for found in await store.list_pending()]
+            assert [f"cp_{index}" for index in range(12)] == listed
+            page = await store.list_pending(after="cp_9", limit=2)
+            assert [found.checkpoint_id for found in page] == ["cp_10", "cp_11"]
+
+        async def test_paging_goes_on_after_a_listed_checkpoint_was_resolved(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            for index in range(4):
+                await store.save(sample_checkpoint(f"cp_{index}", minute=index))
+            last = (await store.list_pending(limit=2))[-1].checkpoint_id
+            claim = await store.claim(last)
+            await store.resolve(last, claim.token, sample_resolution(sample_checkpoint(last)))
+            page = await store.list_pending(limit=2, after=last)
+            assert [found.checkpoint_id for found in page] == ["cp_2", "cp_3"]
+
+        async def test_a_metadata_filter_matches_equal_values_only(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            metadata = {"user": {"id": 1, "role": "admin"}, "tags": [1, 2], "n": 1}
+            await store.save(sample_checkpoint("cp_1", metadata=metadata))
+
+            async def ids(wanted: dict[str, Any]) -> list[str]:
+                found = await store.list_pending(metadata=wanted)
+                return [item.checkpoint_id for item in found]
+
+            assert await ids({"user": {"id": 1}}) == []  # not containment
+            assert await ids({"tags": [1]}) == []
+            assert await ids({"n": "1"}) == []  # not text
+            assert await ids({"user": {"role": "admin", "id": 1}}) == ["cp_1"]
+            assert await ids({"tags": [1, 2], "n": 1}) == ["cp_1"]
+
         # --- JSON --------------------------------------------------------------------
+
+        async def test_every_field_round_trips(self, store: DurableCheckpointStore) -> None:
+            # Fields away from their defaults, where a lost field would read back as one.
+            checkpoint = _rich_checkpoint()
+            await store.save(checkpoint)
+            assert checkpoint == await store.load("cp_1")
+            claim = await store.claim("cp_1")
+            decision = Decision(
+                **{**_fields(sample_decision(checkpoint)), "edited": True, "value": "why"}
+            )
+            record = CallRecord(
+                tool_call_id=decision.tool_call_id,
+                decision=decision,
+                result=ToolResult(decision.tool_call_id, "It failed.", True),
+            )
+            await store.record("cp_1", claim.token, [record])
+            assert (record,) == (await store.get("cp_1")).records
+            following = Checkpoint(**{**_fields(checkpoint), "id": "cp_2"})
+            plain = sample_resolution(checkpoint, "cp_2")
+            resolution = Resolution(
+                decisions=plain.decisions,
+                result=RunResult(
+                    **{
+                        **_fields(plain.result),
+                        "interruption": following.request,
+                        "pending_requests": following.open_requests,
+                    }
+                ),
+                resolved_at=_T0 + datetime.timedelta(microseconds=654321),
+            )
+            await store.resolve("cp_1", claim.token, resolution, following)
+            assert resolution == (await store.get("cp_1")).resolution
+            assert following == await store.load("cp_2")
 
         async def test_data_round_trips_exactly(self, store: DurableCheckpointStore) -> None:
             text = 'Ünïcödé ✓ "quoted" \\ \n'
