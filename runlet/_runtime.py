@@ -458,6 +458,12 @@ class RunStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             if self._error is not None:
                 raise self._error  # noqa: B904 - the run's own error, unchained
+            if self._exited and self._result is None:
+                raise RunletError(
+                    "The stream's `async with` block was left before the run finished, "
+                    "which stopped the run: there are no more events. Iterate it inside "
+                    "the block."
+                ) from None
             raise StopAsyncIteration from None
 
     async def _produce(self, send: MemoryObjectSendStream[StreamEvent]) -> None:

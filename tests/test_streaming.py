@@ -681,6 +681,15 @@ async def test_break_during_model_streaming_closes_the_model_stream() -> None:
         assert model.exited == 1
     with pytest.raises(RunletError, match="block was left before the run finished"):
         stream.result  # noqa: B018 - the property raises
+    with pytest.raises(RunletError, match="block was left before the run finished"):
+        await stream.__anext__()  # no silent end: the rest of the run never happened
+
+
+async def test_a_finished_stream_iterated_again_after_its_block_just_ends() -> None:
+    async with Runtime().stream(Agent("a", "", ScriptedModel(["Hi."])), "go") as stream:
+        events = [event async for event in stream]
+    assert isinstance(events[-1], RunFinished)
+    assert [] == [event async for event in stream]
 
 
 @pytest.mark.parametrize("n_tools", [1, 2])
