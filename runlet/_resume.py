@@ -475,15 +475,17 @@ async def _continue(
             unknown.append(call_id)  # started by an attempt that never finished
         else:
             to_run.append((_approved_call(checkpoint, call_id, decision), decision))
+    if record_result is None:
+        record_result = record
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
-        await _run_approved(run, *to_run[0], results, record_result or record)
+        await _run_approved(run, *to_run[0], results, record_result)
     elif to_run:
         # A failure (a lost lease, a store error) stops the others and is raised as
         # itself, as with one call, not wrapped in an exception group.
         failures: list[Exception] = []
         async with anyio.create_task_group() as group:
             for call, decision in to_run:
-                work = partial(_run_approved, run, call, decision, results, record_result or record)
+                work = partial(_run_approved, run, call, decision, results, record_result)
                 group.start_soon(_or_stop, work, group.cancel_scope, failures)
         if failures:
             raise failures[0]
