@@ -1036,3 +1036,26 @@ def test_tuples_in_checkpoint_data_are_read_as_arrays() -> None:
     data["decisions"] = tuple(data["decisions"])
 
     assert expected == structure_checkpoint(data)
+
+
+async def test_a_question_for_a_tool_that_needs_an_approval_is_refused_at_resume() -> None:
+    # The agent's "ask_human" is now an ordinary tool: the stored question would be
+    # answered as if a person had been asked what that tool does.
+    store = InMemoryCheckpointStore()
+    checkpoint = structure_checkpoint(_v2(lambda data: None))
+    await store.save(checkpoint)
+    tools = Tools()
+    agent = tools.agent(ScriptedModel([]))
+    plain = ToolSpec("ask_human", "Not the built-in one.", {"type": "object"}, tools.lookup)
+    other = Agent(agent.name, agent.instructions, agent.model, (*agent.tools[:2], plain))
+    responses = [
+        HumanResponse(checkpoint.request.id, "approve"),
+        HumanResponse(checkpoint.more_requests[0].id, "select", "email"),
+    ]
+
+    with pytest.raises(CheckpointSerializationError, match="needs an approval") as info:
+        await Runtime(checkpoint_store=store).resume(
+            other, checkpoint_id=checkpoint.id, responses=responses
+        )
+    assert "more_requests[0].kind" == info.value.path
+    assert ([], "pending") == (tools.refunds, (await store.get(checkpoint.id)).status)

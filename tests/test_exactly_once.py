@@ -1751,3 +1751,35 @@ async def test_a_resume_cancelled_before_its_decisions_are_stored_starts_nothing
 
     assert "completed" == retried.status
     assert 1 == len(started)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_cancellation_while_several_approved_handlers_run_keeps_their_results(
+    kind: str, tmp_path: Any
+) -> None:
+    # Two approved calls run side by side; a deadline runs out while the first works.
+    # Both handlers finish, and both results must be recorded: the retry runs neither.
+    scope = anyio.CancelScope()
+    payments = Payments()
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        if arguments["order_id"] == "1":
+            scope.cancel()
+        return await payments.refund(arguments, context)
+
+    spec = ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, refund, requires_approval=True)
+    calls = [call("refund", id="c1", order_id="1"), call("refund", id="c2", order_id="2")]
+    agent = agent_with(ScriptedModel([calls, "Done.", "Done."]), spec)
+    async with _store_of_kind(kind, tmp_path) as store:
+        rt = Runtime(checkpoint_store=store)
+        first = await rt.run(agent, "Refund orders 1 and 2.")
+        answers = [HumanResponse(request.id, "approve") for request in first.pending_requests]
+        with scope:
+            await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
+        assert scope.cancel_called
+
+        retried = await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
+
+    assert "completed" == retried.status
+    assert 2 == len(payments.attempts)
+    assert ["1", "2"] == sorted(payments.paid.values())
