@@ -27,7 +27,6 @@ every record. With a plain three-method :class:`~runlet.CheckpointStore` steps 2
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -78,7 +77,7 @@ from ._store import (
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
-from ._util import slot_builder
+from ._util import slot_builder, to_the_end
 
 __all__ = ["resume"]
 
@@ -160,12 +159,13 @@ async def _resume(
     try:
         record: Record = partial(durable_store.record, checkpoint_id, token)
         record_result = record
-        if type(durable_store) is not InMemoryCheckpointStore:
+        in_memory = type(durable_store) is InMemoryCheckpointStore
+        if not in_memory:
             # A store that yields could be stopped by a cancellation that came while a
             # handler ran: its result must still be recorded. (The in-memory store never
-            # yields, so nothing can stop it; a shield there would only cost time.) The
-            # decisions are not shielded: cancelled before they are stored, nothing ran.
-            record_result = partial(_record_shielded, record)
+            # yields, so nothing can stop it; protecting it would only cost time.) The
+            # decisions are not protected: cancelled before they are stored, nothing ran.
+            record_result = partial(_record_to_the_end, record)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
             loop,
@@ -187,11 +187,14 @@ async def _resume(
         # 6. Resolve: the outcome and the next checkpoint, atomically.
         resolution = _new_resolution(decisions=decided, result=result, resolved_at=loop.clock())
         next_checkpoint = deferred[0] if deferred else None
-        with _shielded(durable_store):
-            await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
+        resolve = partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
+        # Nothing may stop the final write halfway (the in-memory store never yields).
+        await (resolve() if in_memory else to_the_end(resolve))
     except BaseException:
-        with _shielded(durable_store):
+        if type(durable_store) is InMemoryCheckpointStore:
             await durable_store.release(checkpoint_id, token)
+        else:
+            await to_the_end(partial(durable_store.release, checkpoint_id, token))
         raise
     if emit is not None and next_checkpoint is not None:
         await emit(Interrupted(next_checkpoint.request, next_checkpoint.id))
@@ -217,26 +220,13 @@ async def _resume_plain(
     try:
         await store.delete(checkpoint_id)
     except anyio.get_cancelled_exc_class():
-        # Cancelled while deleting: delete again, shielded, so the run is not resumed a
+        # Cancelled while deleting: delete again, to its end, so the run is not resumed a
         # second time, then go on being cancelled. A delete does nothing for a checkpoint
-        # that is gone, so doing it twice is safe; shielding every delete up front would
-        # cost each resume ~2.5 µs on asyncio and ~5 µs on trio.
-        with anyio.CancelScope(shield=True):
-            await store.delete(checkpoint_id)
+        # that is gone, so doing it twice is safe; protecting every delete up front would
+        # cost each resume a task.
+        await to_the_end(partial(store.delete, checkpoint_id))
         raise
     return result
-
-
-def _shielded(store: object) -> AbstractContextManager[object]:
-    """A shield, so a cancellation cannot stop a store's final write halfway. The in-memory
-    store's methods never yield, so nothing can interrupt them; there a shield would only
-    cost time (~13 µs per resume on trio)."""
-    if type(store) is InMemoryCheckpointStore:
-        return _NO_SHIELD
-    return anyio.CancelScope(shield=True)
-
-
-_NO_SHIELD = nullcontext()  # holds no state, so one serves every resume
 
 
 def _decide(
@@ -556,10 +546,9 @@ async def _run_approved(
         await run.emit(ToolCallFinished(call, result))
 
 
-async def _record_shielded(record: Record, records: Sequence[CallRecord]) -> None:
+async def _record_to_the_end(record: Record, records: Sequence[CallRecord]) -> None:
     """*record*, which no cancellation can stop halfway or before it starts."""
-    with anyio.CancelScope(shield=True):
-        await record(records)
+    await to_the_end(partial(record, records))
 
 
 async def _or_stop(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import MemberDescriptorType
 from typing import Any, TypeVar
 
+import anyio
 import attrs
 
 from ._errors import RunletError
@@ -78,3 +79,30 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     exec("\n".join(lines), namespace)  # code made from the class's own field names
     build: Callable[..., T] = namespace["build"]
     return build
+
+
+async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
+    """Await ``call()`` to its end even if the caller is cancelled meanwhile; the
+    cancellation then goes on once it returned (or raised).
+
+    A shielded cancel scope alone is not enough: on asyncio, ``Task.cancel()`` (what
+    ``asyncio.timeout()``, ``wait_for()`` and many frameworks use) goes through anyio's
+    shields. So the call runs in a task of its own, in a shielded scope, and the task
+    group waits for it whatever happens to the caller's task. Use it for a store write
+    that must not stop halfway or never start (a tool's result, a resolve, a release).
+    """
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    async def work() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                outcome.append(await call())
+            except BaseException as exc:  # noqa: BLE001 - raised below, as itself
+                failure.append(exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(work)
+    if failure:
+        raise failure[0]
+    return outcome[0]

@@ -864,6 +864,38 @@ async def test_a_failing_resolve_releases_the_claim() -> None:
     assert 1 == len(payments.attempts)
 
 
+class _NativeCancel:
+    """Cancellation the backend's own way, as its timeouts do it: on asyncio
+    ``Task.cancel()`` (what ``asyncio.timeout()`` and ``wait_for()`` call), which goes
+    through anyio's shields; on trio a trio cancel scope."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.cancel: Any = None
+        self.cancelled = False
+
+    async def run(self, work: Any) -> None:
+        if self.backend == "trio":
+            import trio
+
+            with trio.CancelScope() as scope:
+                self.cancel = scope.cancel
+                await work()
+            self.cancelled = scope.cancelled_caught
+            return
+        import asyncio
+
+        task = asyncio.current_task()
+        assert task is not None
+        # Delivered at the next await that yields, once the handler has returned.
+        self.cancel = lambda: asyncio.get_running_loop().call_soon(task.cancel)
+        try:
+            await work()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            task.uncancel()  # this cancellation was the test's own
+
+
 class Slow(InMemoryCheckpointStore):
     """A store whose release and resolve really wait, so a cancellation can land there."""
 
@@ -893,8 +925,11 @@ class Slow(InMemoryCheckpointStore):
         await super().resolve(checkpoint_id, token, resolution, next_checkpoint)
 
 
+@pytest.mark.parametrize("how", ["anyio", "native"])
 @pytest.mark.parametrize("where", ["release", "resolve"])
-async def test_cancelling_during_release_or_resolve_still_completes_it(where: str) -> None:
+async def test_cancelling_during_release_or_resolve_still_completes_it(
+    where: str, how: str, anyio_backend: str
+) -> None:
     def down(request: runlet.ModelRequest) -> str:
         raise OSError("model is down")
 
@@ -903,19 +938,33 @@ async def test_cancelling_during_release_or_resolve_still_completes_it(where: st
     rt, agent, _, _, first = await refund_run(
         store=store, script=[down if where == "release" else "Done."]
     )
+    native = _NativeCancel(anyio_backend)
+
+    async def attempt() -> None:
+        with contextlib.suppress(runlet.ModelError):
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
     async with anyio.create_task_group() as group:
-
-        async def attempt() -> None:
-            with contextlib.suppress(runlet.ModelError):
-                await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
-
-        group.start_soon(attempt)
+        group.start_soon(native.run if how == "native" else _call, attempt)
         await store.waiting.wait()
-        group.cancel_scope.cancel()  # lands inside the shielded release / resolve
+        # Lands inside the release / resolve, which must still be done.
+        if how == "native":
+            native.cancel()
+            await anyio.lowlevel.checkpoint()  # let the cancellation be delivered
+        else:
+            group.cancel_scope.cancel()
         store.go.set()
 
     expected = "pending" if where == "release" else "resolved"
     assert expected == (await store.get(cp(first))).status
+    assert (await store.get(cp(first))).status != "claimed"
+    # On asyncio the task's cancellation goes on once the write is done; trio's lands
+    # nowhere (nothing yields after the shielded write), which is as good.
+    assert native.cancelled or how == "anyio" or anyio_backend == "trio"
+
+
+async def _call(work: Any) -> None:
+    await work()
 
 
 # --- Streaming a resume -------------------------------------------------------------------
@@ -1710,6 +1759,47 @@ async def test_a_cancellation_that_comes_while_the_handler_runs_keeps_its_result
     assert {payments.attempts[0]: "7"} == payments.paid
     assert "Refunded order 7." == retried.transcript[2].tool_result.content  # type: ignore[union-attr]
     assert not any(isinstance(event, runlet.ToolCallFinished) for event in events)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_native_cancellation_right_after_the_handler_still_records_its_result(
+    kind: str, tmp_path: Any, anyio_backend: str
+) -> None:
+    # asyncio.timeout() running out just as the approved handler returns: the result
+    # must still be recorded (and the resolve, or the release, done), so the retry
+    # finishes without asking again whether the call ran.
+    native = _NativeCancel(anyio_backend)
+    payments = Payments()
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        native.cancel()
+        return await payments.refund(arguments, context)
+
+    spec = ToolSpec("refund", "Refund an order.", ORDER_SCHEMA, refund, requires_approval=True)
+    agent = agent_with(
+        ScriptedModel([call("refund", id="c1", order_id="7"), "Done.", "Done."]), spec
+    )
+    async with _store_of_kind(kind, tmp_path) as store:
+        rt = Runtime(checkpoint_store=store)
+        first = await rt.run(agent, "Refund order 7.")
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+        async with anyio.create_task_group() as group:  # a task of its own to cancel
+            group.start_soon(native.run, attempt)
+        stored = await store.get(cp(first))
+        if native.cancelled:  # the result was recorded, and the claim given back
+            assert "pending" == stored.status
+            assert ["Refunded order 7."] == [
+                record.result.content for record in stored.records if record.result
+            ]
+        retried = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+    assert native.cancelled or kind == "memory"  # memory never yields before resolving
+    assert "completed" == retried.status
+    assert 1 == len(payments.attempts)
+    assert "Refunded order 7." == retried.transcript[2].tool_result.content  # type: ignore[union-attr]
 
 
 async def test_a_resume_cancelled_before_its_decisions_are_stored_starts_nothing(
