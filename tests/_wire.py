@@ -395,7 +395,8 @@ def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> lis
             continue
         seen_answer = True
         if kind == "text":
-            if not isinstance(block.get("text"), str) or not block["text"]:
+            if not isinstance(block.get("text"), str) or not block["text"].strip():
+                # The API's words: text content blocks must contain non-whitespace text.
                 problems.append("empty text block")
             seen_other = True
         elif kind == "tool_use" and role == "assistant":

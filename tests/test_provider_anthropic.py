@@ -92,6 +92,19 @@ async def collect_into(seen: list[Any], model: AnthropicModel, request: ModelReq
 
 
 class TestComplete:
+    async def test_whitespace_only_text_is_not_sent_back(self, server: ModelServer) -> None:
+        # A model may answer "\n\n" beside its tool calls; the API refuses a text block
+        # of whitespace, so the next request of the tool loop leaves it out.
+        server.reply(Reply(json=anthropic_message("Done.")))
+        turn = Message.assistant("\n\n", (ToolCall("toolu_1", "add", {"a": 1}),))
+        messages = (Message.user("Add."), turn, Message.tool(ToolResult("toolu_1", "2")))
+        async with make(server) as model:
+            await model.complete(ModelRequest("", messages, (), {}))
+        sent = server.requests[0].body["messages"][1]
+        assert [{"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1}}] == (
+            sent["content"]
+        )
+
     async def test_plain_answer(self, server: ModelServer) -> None:
         server.reply(Reply(json=anthropic_message("Hello!", usage=(12, 3))))
         async with make(server) as model:

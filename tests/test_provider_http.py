@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import random
 import sys
@@ -10,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from typing import Any
 
+import anyio
 import anyio.lowlevel
 import httpx
 import pytest
@@ -259,6 +261,104 @@ class TestAdapters:
         async with OpenAIChatModel("m", base_url="http://127.0.0.1:9/v1") as model:
             with pytest.raises(ModelError, match="cannot be sent as JSON"):
                 await model.complete(request)
+
+
+class TestHeaders:
+    def test_given_headers_replace_the_adapters_own_whatever_their_case(self) -> None:
+        openai = OpenAIChatModel("m", api_key="sk-real", headers={"Authorization": "Bearer gw"})
+        assert {"content-type": "application/json", "Authorization": "Bearer gw"} == (
+            openai._headers
+        )
+        anthropic = AnthropicModel(
+            "m",
+            api_key="k1",
+            headers={
+                "X-Api-Key": "k2",
+                "Anthropic-Version": "2099-01-01",
+                "Content-Type": "application/json; charset=utf-8",
+                "X-Extra": "1",
+            },
+        )
+        assert {
+            "Content-Type": "application/json; charset=utf-8",
+            "Anthropic-Version": "2099-01-01",
+            "X-Api-Key": "k2",
+            "X-Extra": "1",
+        } == anthropic._headers
+
+    @pytest.mark.anyio
+    async def test_each_header_goes_out_once(self) -> None:
+        seen: list[httpx.Request] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            model = OpenAIChatModel(
+                "m", api_key="sk-real", http_client=client, headers={"AUTHORIZATION": "Bearer gw"}
+            )
+            await model.complete(ModelRequest("", (Message.user("hi"),), (), {}))
+        assert ["Bearer gw"] == seen[0].headers.get_list("authorization")
+
+    @pytest.mark.parametrize("key", ["sk-abc\n", "sk-\r\nX-Evil: 1", "sk-é", "sk-\x7f"])
+    def test_a_value_http_cannot_carry_is_refused_without_showing_it(self, key: str) -> None:
+        for adapter in (OpenAIChatModel, AnthropicModel):
+            with pytest.raises(ConfigurationError, match="holds a character") as info:
+                adapter("m", api_key=key)
+            assert "sk-" not in str(info.value)
+        with pytest.raises(ConfigurationError, match="strings to strings"):
+            OpenAIChatModel("m", headers={"x-count": 1})  # type: ignore[dict-item]
+        assert "Bearer a\tb" == OpenAIChatModel("m", api_key="a\tb")._headers["authorization"]
+
+    @pytest.mark.anyio
+    async def test_a_request_that_cannot_be_written_is_not_retried(self) -> None:
+        attempts: list[int] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            attempts.append(1)
+            raise httpx.LocalProtocolError("Illegal header value")
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            model = OpenAIChatModel("m", http_client=client, max_retries=3)
+            with pytest.raises(ModelError, match="not retried") as info:
+                await model.complete(ModelRequest("", (Message.user("hi"),), (), {}))
+        assert not isinstance(info.value, ModelConnectionError)
+        assert [1] == attempts
+
+
+# The connection left in the first loop's pool is closed when collected; asyncio warns
+# about it then (closing it before the loop ends is what aclose() is for).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.parametrize(
+    "backends", [("asyncio", "asyncio"), ("asyncio", "trio"), ("trio", "asyncio"), ("trio", "trio")]
+)
+def test_a_model_made_once_serves_one_event_loop_after_another(
+    backends: tuple[str, str],
+) -> None:
+    # A CLI that runs asyncio.run() per command, a worker with a loop per job, a test
+    # suite with a loop per test: the client (and its pooled keep-alive connection) of
+    # the loop before cannot serve the next one, so the next loop gets its own.
+    from _http_server import ModelServer, Reply
+    from _wire import openai_completion
+
+    with ModelServer.running(lambda seen: []) as server:
+        model = OpenAIChatModel("m", api_key="k", base_url=server.url + "/v1")
+        answers: list[str] = []
+
+        async def ask(model: OpenAIChatModel) -> None:
+            request = ModelRequest("", (Message.user("hi"),), (), {})
+            answers.append((await model.complete(request)).message.content)
+
+        for backend in backends:
+            server.reply(Reply(json=openai_completion(f"hi from {backend}")))
+            anyio.run(ask, model, backend=backend)
+        clients = {seen.client for seen in server.requests}
+        del model
+        gc.collect()  # the first loop's connection, closed here rather than in a later test
+    assert [f"hi from {backend}" for backend in backends] == answers
+    assert 2 == len(clients)  # a new connection for the second loop
 
 
 def test_providers_package_is_light() -> None:

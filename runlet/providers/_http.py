@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 try:
@@ -383,6 +384,38 @@ async def _run_down(lines: AsyncGenerator[str, None]) -> None:
 _M = TypeVar("_M", bound="HTTPModel")
 
 
+def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers of *layers*, a later layer's value replacing an earlier one's. Names
+    compare without regard to case, as HTTP's do, so a caller's ``Authorization`` replaces
+    the adapter's ``authorization`` instead of going out beside it.
+
+    Raises:
+        ConfigurationError: A name or value is not a string, or a value holds a character
+            HTTP does not allow (such as the newline at the end of a key read from a file).
+    """
+    merged: dict[str, tuple[str, str]] = {}
+    for layer in layers:
+        # Typed as strings, but given by users: checked as anything.
+        given = cast("Mapping[object, object]", layer or {})
+        for name, value in given.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ConfigurationError(
+                    f"HTTP headers must map strings to strings; got {name!r}: "
+                    f"{type(value).__name__}."
+                )
+            if not value.isascii() or any(
+                (char < " " and char != "\t") or char == "\x7f" for char in value
+            ):
+                # The value itself may be a secret: only its name goes in the message.
+                raise ConfigurationError(
+                    f"The value of HTTP header {name!r} holds a character HTTP does not "
+                    "allow (a control character such as a trailing newline, or a non-ASCII "
+                    "one). Strip it, for instance from an API key read from a file."
+                )
+            merged[name.lower()] = (name, value)
+    return dict(merged.values())
+
+
 class HTTPModel:
     """The machinery of an HTTP model adapter: owning (or borrowing) an
     :class:`httpx.AsyncClient`, posting JSON with retries, and streaming.
@@ -424,9 +457,10 @@ class HTTPModel:
                 )
         self.model = model
         self._url = url
-        self._headers = {"content-type": "application/json", **headers}
+        self._headers = merge_headers({"content-type": "application/json"}, headers)
         self._given_client = http_client
         self._own_client: httpx.AsyncClient | None = None
+        self._own_client_loop: object = None
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._retry = retry
         self._extra_body = dict(extra_body or {})
@@ -450,18 +484,24 @@ class HTTPModel:
     def _client(self) -> httpx.AsyncClient:
         if self._given_client is not None:
             return self._given_client
-        if self._own_client is None:
+        loop = anyio.lowlevel.current_token()
+        client = self._own_client
+        if client is None or self._own_client_loop != loop:
             # Created on first use, inside the event loop that will use it, so a model
             # built at import time holds no sockets; after aclose() the next request
-            # starts a fresh client.
-            self._own_client = httpx.AsyncClient(timeout=self._timeout)
-        return self._own_client
+            # starts a fresh client. A client made in another event loop (an earlier
+            # asyncio.run(), a trio run) is left behind: its pooled connections belong
+            # to that loop and cannot be used from this one.
+            client = self._own_client = httpx.AsyncClient(timeout=self._timeout)
+            self._own_client_loop = loop
+        return client
 
     async def aclose(self) -> None:
         """Close the HTTP client the adapter created, if any. A client passed in as
         ``http_client`` belongs to the caller and is never closed here."""
         client, self._own_client = self._own_client, None
-        if client is not None:
+        loop, self._own_client_loop = self._own_client_loop, None
+        if client is not None and loop == anyio.lowlevel.current_token():
             await client.aclose()
 
     async def __aenter__(self: _M) -> _M:
@@ -619,6 +659,10 @@ class HTTPModel:
                     await response.aread()
                 finally:
                     await response.aclose()
+            except httpx.LocalProtocolError as exc:
+                # The request could not even be written (a header value HTTP does not
+                # allow): sending it again would fail the same way.
+                raise _not_retried(exc, self.api, self._url) from exc
             except httpx.TransportError as exc:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
                 failure: ModelError = ModelConnectionError(

@@ -35,6 +35,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     ServerSentEvent,
     api_error,
     call_text,
+    merge_headers,
     parse_arguments,
     parse_json,
     reading,
@@ -183,7 +184,7 @@ class AnthropicModel(HTTPModel):
         super().__init__(
             model=model,
             url=f"{root}/v1/messages",
-            headers={"anthropic-version": anthropic_version, **auth, **(headers or {})},
+            headers=merge_headers({"anthropic-version": anthropic_version}, auth, headers),
             http_client=http_client,
             timeout=timeout,
             connect_timeout=connect_timeout,
@@ -328,7 +329,9 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         thinking = _reasoning_block(part)
         if thinking is not None:
             blocks.append(thinking)
-    if message.content:
+    if message.content and not message.content.isspace():
+        # The API refuses text blocks with nothing but whitespace, which a model's own
+        # turn may hold beside its tool calls (say "\n\n").
         blocks.append({"type": "text", "text": message.content})
     blocks.extend(
         {"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)}

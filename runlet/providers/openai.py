@@ -37,6 +37,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     ServerSentEvent,
     api_error,
     call_text,
+    merge_headers,
     parse_arguments,
     parse_json,
     reading,
@@ -177,7 +178,7 @@ class OpenAIChatModel(HTTPModel):
         super().__init__(
             model=model,
             url=f"{root}/chat/completions",
-            headers={**auth, **(headers or {})},
+            headers=merge_headers(auth, headers),
             http_client=http_client,
             timeout=timeout,
             connect_timeout=connect_timeout,
