@@ -13,7 +13,7 @@ import attrs
 from ._errors import HumanResponseError, RunletError
 from ._messages import ToolCall, ToolResult
 from ._tools import ToolContext, ToolSpec
-from ._util import slot_builder
+from ._util import json_form, slot_builder
 
 __all__ = [
     "EXPIRY_MESSAGE",
@@ -242,9 +242,9 @@ class Decision:
             response.request_id == self.request_id
             and response.action == self.action
             and response.value == self.value
-            and response.edited_arguments == (self.arguments if self.edited else None)
+            and json_form(response.edited_arguments) == (self.arguments if self.edited else None)
             and response.responded_by == self.responded_by
-            and response.metadata == self.metadata
+            and json_form(response.metadata) == self.metadata
         )
 
     def as_response(self) -> HumanResponse | None:

@@ -77,7 +77,7 @@ from ._store import (
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
-from ._util import slot_builder, to_the_end
+from ._util import json_form, slot_builder, to_the_end
 
 __all__ = ["resume"]
 
@@ -343,7 +343,9 @@ def _accept(
             _check_json(dict(edited), "edited_arguments")
         except CheckpointSerializationError as exc:
             raise HumanResponseError(f"HumanResponse {exc}") from None
-    return _decision(checkpoint, request, "approve", now, response, dict(arguments))
+    # As the store gives it back (tuples as lists), so a retry with this same response
+    # compares equal to the recorded decision.
+    return _decision(checkpoint, request, "approve", now, response, json_form(arguments))
 
 
 def _decision(
@@ -366,7 +368,7 @@ def _decision(
         arguments=arguments,
         edited=response is not None and response.edited_arguments is not None,
         responded_by=None if response is None else response.responded_by,
-        metadata=None if response is None else response.metadata,
+        metadata=None if response is None else json_form(response.metadata),
         decided_at=now,
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import MemberDescriptorType
 from typing import Any, TypeVar
 
@@ -106,3 +106,22 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
     if failure:
         raise failure[0]
     return outcome[0]
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def json_form(value: Any) -> Any:
+    """*value* as it reads back from JSON: tuples (and other sequences of the JSON
+    check) as lists, every mapping a dict. A decision holds what a person gave in this
+    form, so an answer repeated after a store's JSON round trip compares equal."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if isinstance(value, Mapping):
+        if kind is dict and all(type(item) in _SCALARS for item in value.values()):
+            return dict(value)  # the common case: flat arguments or metadata
+        return {key: json_form(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_form(item) for item in value]
+    return value

@@ -1802,6 +1802,37 @@ async def test_a_native_cancellation_right_after_the_handler_still_records_its_r
     assert "Refunded order 7." == retried.transcript[2].tool_result.content  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_an_answer_holding_tuples_is_the_same_answer_after_the_store_round_trip(
+    kind: str, tmp_path: Any
+) -> None:
+    # The store keeps decisions as JSON, where tuples come back as lists: the same
+    # response object, retried after a failure or repeated after success, must still be
+    # recognised as the recorded answer, on every store alike.
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    async with _store_of_kind(kind, tmp_path) as store:
+        rt, agent, payments, _, first = await refund_run(store=store, script=[down, "Done."])
+        response = approve(
+            first,
+            edited_arguments={"order_id": "1", "tags": ("vip", ("late", 2))},
+            metadata={"ids": (1, 2), "nested": {"pair": ("a", "b")}},
+        )
+        with pytest.raises(runlet.ModelError):
+            await rt.resume(agent, checkpoint_id=cp(first), response=response)
+        done = await rt.resume(agent, checkpoint_id=cp(first), response=response)
+        again = await rt.resume(agent, checkpoint_id=cp(first), response=response)
+        (decision,) = done.decisions
+
+    assert "completed" == done.status
+    assert done == again
+    assert 1 == len(payments.attempts)
+    assert {"order_id": "1", "tags": ["vip", ["late", 2]]} == decision.arguments
+    assert {"ids": [1, 2], "nested": {"pair": ["a", "b"]}} == decision.metadata
+    assert decision.answers_like(response)
+
+
 async def test_a_resume_cancelled_before_its_decisions_are_stored_starts_nothing(
     tmp_path: Any,
 ) -> None:
