@@ -185,7 +185,9 @@ async def _resume(
         else:
             result, decided = await work
         # 6. Resolve: the outcome and the next checkpoint, atomically.
-        resolution = _new_resolution(decisions=decided, result=result, resolved_at=loop.clock())
+        resolution = _new_resolution(
+            decisions=decided, result=result, resolved_at=loop.clock(), expired=responses is None
+        )
         next_checkpoint = deferred[0] if deferred else None
         resolve = partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
         # Nothing may stop the final write halfway (the in-memory store never yields).
@@ -625,9 +627,10 @@ def _repeat(
         )
     decisions = {decision.request_id: decision for decision in resolution.decisions}
     if responses is None:
-        # Only expire() decides "expire": if one did, an expire() resolved it (any other
-        # decision is an answer recorded by an earlier, failed attempt).
-        if any(d.action == "expire" for d in decisions.values()):
+        # An expire() resolved it: the same call gets the same result. (Only expire()
+        # decides "expire"; the flag also covers one that met only answers recorded by an
+        # earlier attempt that died, and data stored before the flag existed.)
+        if resolution.expired or any(d.action == "expire" for d in decisions.values()):
             return resolution.result
         raise CheckpointResolvedError(
             f"Checkpoint {checkpoint_id!r} was already answered, so it cannot expire.",

@@ -78,11 +78,16 @@ class Resolution:
         decisions: The answers accepted for this checkpoint's requests, in call order.
         result: What the resume returned; an equal response gets it again.
         resolved_at: When the checkpoint was resolved (aware UTC).
+        expired: Whether :meth:`~runlet.Runtime.expire` resolved it, so a repeated
+            ``expire()`` returns the stored result. Its decisions hold the expiry, or, for
+            a request an earlier attempt had recorded an answer to before it died, that
+            answer (the first accepted answer is final).
     """
 
     decisions: tuple[Decision, ...]
     result: RunResult
     resolved_at: datetime
+    expired: bool = False
 
 
 @attrs.frozen(kw_only=True)

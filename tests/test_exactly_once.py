@@ -8,6 +8,7 @@ import datetime
 import json
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -616,6 +617,53 @@ async def test_an_answered_checkpoint_cannot_expire() -> None:
     await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     with pytest.raises(CheckpointResolvedError):
         await rt.expire(agent, checkpoint_id=cp(first))
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_expire_after_an_approved_call_was_cut_off_keeps_the_answer_and_repeats(
+    idempotent: bool,
+) -> None:
+    # A resume was cut off inside the approved handler (as by a crash); then an expiry
+    # job gives up on the checkpoint. The person's answer came in time and is final, so
+    # the call is handled as after any cut-off (asked again, or run again with its key),
+    # and repeating expire() returns that same outcome instead of an error.
+    started = anyio.Event()
+    keys: list[str] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        keys.append(context.idempotency_key)
+        if len(keys) == 1:
+            started.set()
+            await anyio.sleep_forever()
+        return "Refunded order 1."
+
+    spec = ToolSpec(
+        "refund", "Refund.", ORDER_SCHEMA, refund, requires_approval=True, idempotent=idempotent
+    )
+    agent = agent_with(ScriptedModel([call("refund", id="c1", order_id="1"), "Done."]), spec)
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store)
+    first = await rt.run(agent, "Refund order 1.")
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            partial(rt.resume, agent, checkpoint_id=cp(first), response=approve(first))
+        )
+        await started.wait()
+        group.cancel_scope.cancel()
+
+    expired = await rt.expire(agent, checkpoint_id=cp(first))
+
+    assert expired == await rt.expire(agent, checkpoint_id=cp(first))
+    assert ["approve"] == [decision.action for decision in expired.decisions]
+    assert (await store.get(cp(first))).resolution.expired  # type: ignore[union-attr]
+    if idempotent:
+        assert "completed" == expired.status
+        assert [keys[0], keys[0]] == keys
+    else:
+        assert "interrupted" == expired.status
+        assert expired.interruption is not None
+        assert expired.interruption.outcome_unknown
+        assert 1 == len(keys)
 
 
 async def test_ask_human_questions_can_expire() -> None:

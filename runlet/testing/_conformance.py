@@ -804,6 +804,7 @@ def store_conformance_tests(
                     }
                 ),
                 resolved_at=_T0 + datetime.timedelta(microseconds=654321),
+                expired=True,
             )
             await store.resolve("cp_1", claim.token, resolution, following)
             assert resolution == (await store.get("cp_1")).resolution
