@@ -136,7 +136,8 @@ class PendingRequest:
         request: The first open request (the run's ``interruption``).
         metadata: The run's metadata.
         created_at: When the run stopped (the request's ``created_at``).
-        requests: Every open request of the checkpoint, in call order.
+        requests: Every open request of the checkpoint, in call order (by default just
+            *request*).
     """
 
     checkpoint_id: str
@@ -145,7 +146,11 @@ class PendingRequest:
     request: HumanRequest
     metadata: Mapping[str, Any]
     created_at: datetime
-    requests: tuple[HumanRequest, ...] = ()
+    requests: tuple[HumanRequest, ...] = attrs.field()
+
+    @requests.default
+    def _just_the_request(self) -> tuple[HumanRequest, ...]:
+        return (self.request,)
 
     @classmethod
     def of(cls, checkpoint: Checkpoint) -> PendingRequest:

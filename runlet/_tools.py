@@ -105,6 +105,10 @@ _shown_flat = _reused(_SHOWN)
 _encode = _one_shot(_ENCODER)
 
 
+MAX_EXPIRES_AFTER = 100 * 365.25 * 24 * 3600
+"""The longest ``expires_after`` (100 years, in seconds); ``None`` never expires."""
+
+
 @attrs.frozen
 class ToolContext:
     """What a handler knows about the call it serves.
@@ -114,7 +118,8 @@ class ToolContext:
         tool_call_id: The model's id for this call.
         agent_name: The name of the agent whose tool this is.
         metadata: The ``metadata`` given to ``run()``; read-only.
-        tool_name: The name of the tool being called.
+        tool_name: The name of the tool being called (``""`` in a context built without
+            it, say in a test that calls a handler directly).
         idempotency_key: The same for every attempt of this one call (a retried resume,
             another process taking over after a crash) and different for every other
             call of the run, even when a model reuses a call id in a later turn. Pass it
@@ -126,7 +131,7 @@ class ToolContext:
     tool_call_id: str
     agent_name: str
     metadata: Mapping[str, Any]
-    tool_name: str
+    tool_name: str = ""
     idempotency_key: str = attrs.field(kw_only=True)
 
     @idempotency_key.default
@@ -280,6 +285,12 @@ class ToolSpec:
             raise ConfigurationError(
                 f"Tool {name!r}: expires_after must be a positive number of seconds or "
                 f"None, not {expires!r}."
+            )
+        if expires is not None and expires > MAX_EXPIRES_AFTER:
+            # A request's expires_at must be a date (the year 9999 at most).
+            raise ConfigurationError(
+                f"Tool {name!r}: expires_after is {expires!r} seconds, more than 100 years; "
+                "give None for requests that never expire."
             )
         prompt = self.approval_prompt
         if prompt is not None and not isinstance(prompt, str) and not callable(prompt):

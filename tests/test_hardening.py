@@ -30,7 +30,9 @@ from runlet import (
     structure_checkpoint,
     unstructure_checkpoint,
 )
+from runlet._tools import MAX_EXPIRES_AFTER
 from runlet.testing import ScriptedModel, call
+from runlet.testing._conformance import sample_checkpoint
 
 pytestmark = pytest.mark.anyio
 
@@ -272,3 +274,62 @@ class TestSavedBeforeReported:
         assert ["save started", "saved", "returned"] == log
         assert second.checkpoint_id in store
         assert first.checkpoint_id not in store
+
+
+# --- Values at the edges of what the contract names -------------------------------------
+
+
+@pytest.mark.parametrize("seconds", [1e12, 10**20, MAX_EXPIRES_AFTER * 1.01])
+def test_an_expiry_no_date_can_hold_is_refused_when_the_tool_is_built(seconds: float) -> None:
+    # Past the year 9999 no expires_at can be written: refused up front, not when the run
+    # stops (which would lose it).
+    async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "ok"
+
+    with pytest.raises(runlet.ConfigurationError, match="100 years; give None"):
+        ToolSpec("pay", "Pay.", {"type": "object"}, handler, expires_after=seconds)
+    with pytest.raises(runlet.ConfigurationError, match="100 years"):
+        runlet.ask_human(expires_after=seconds)
+    longest = ToolSpec("pay", "Pay.", {"type": "object"}, handler, expires_after=MAX_EXPIRES_AFTER)
+    assert MAX_EXPIRES_AFTER == longest.expires_after
+
+
+async def test_the_longest_expiry_still_makes_a_request() -> None:
+    async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "ok"
+
+    tool = ToolSpec(
+        "pay",
+        "Pay.",
+        {"type": "object"},
+        handler,
+        requires_approval=True,
+        expires_after=MAX_EXPIRES_AFTER,
+    )
+    agent = runlet.Agent("a", "Pay.", ScriptedModel([call("pay")]), (tool,))
+    result = await runlet.Runtime(checkpoint_store=runlet.InMemoryCheckpointStore()).run(
+        agent, "Pay."
+    )
+    assert result.interruption is not None
+    assert result.interruption.expires_at is not None
+    assert result.interruption.expires_at.year > result.interruption.created_at.year + 99
+
+
+def test_a_tool_context_needs_only_the_fields_the_design_names() -> None:
+    context = ToolContext(run_id="run_1", tool_call_id="c1", agent_name="support", metadata={})
+    assert ("", "run_1/c1") == (context.tool_name, context.idempotency_key)
+
+
+def test_a_pending_request_built_from_its_documented_fields_lists_its_request() -> None:
+    checkpoint = sample_checkpoint("cp_1")
+    request = checkpoint.request
+    built = runlet.PendingRequest(
+        checkpoint.id,
+        checkpoint.run_id,
+        checkpoint.agent_name,
+        request,
+        checkpoint.metadata,
+        request.created_at,
+    )
+    assert (request,) == built.requests
+    assert runlet.PendingRequest.of(checkpoint) == built
