@@ -38,7 +38,7 @@ resumable, so the application can correct the problem and try again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._store import Resolution
@@ -70,8 +70,22 @@ __all__ = [
 class RunletError(Exception):
     """The root of every error Runlet raises on purpose.
 
-    The message always says what went wrong and what to do about it.
+    The message always says what went wrong and what to do about it. Every one pickles
+    and copies with its attributes, so it crosses process boundaries (a process pool, a
+    task queue) as itself.
     """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduce calls __init__(*args) again, which fails for the errors
+        # whose attributes are keyword-only: rebuild without __init__ instead.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[RunletError], args: tuple[Any, ...], state: dict[str, Any]) -> RunletError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigurationError(RunletError):

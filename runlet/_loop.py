@@ -282,7 +282,7 @@ class Loop:
             run_id=run.run_id,
             agent_name=run.agent.name,
             messages=run.messages,
-            options=run.options,
+            options=dict(run.options),  # a plain dict: a checkpoint pickles and copies
             metadata=run.metadata,
             transcript=tuple(run.transcript),
             results=tuple([results[c.id] for c in calls if c.id in results]) if results else (),

@@ -3,7 +3,9 @@ checkpoint cannot hold, and the order of saving a checkpoint and reporting it.""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -333,3 +335,71 @@ def test_a_pending_request_built_from_its_documented_fields_lists_its_request() 
     )
     assert (request,) == built.requests
     assert runlet.PendingRequest.of(checkpoint) == built
+
+
+def _errors_with_their_attributes() -> list[runlet.RunletError]:
+    return [
+        runlet.RunletError("plain"),
+        runlet.ConfigurationError("bad"),
+        runlet.StoreSchemaError("schema", found=3, expected=1),
+        runlet.ModelAPIError("api", status_code=429, body='{"error": "slow down"}'),
+        runlet.ModelConnectionError("down"),
+        runlet.MaxTurnsExceededError("turns", max_turns=5),
+        runlet.HumanResponseError("wrong"),
+        runlet.HumanResponseConflictError("conflict", checkpoint_id="cp_1"),
+        runlet.HumanRequestExpiredError("late", checkpoint_id="cp_1", request_id="req_1"),
+        runlet.CheckpointNotFoundError("gone", checkpoint_id="cp_1"),
+        runlet.CheckpointCancelledError("cancelled", checkpoint_id="cp_1"),
+        runlet.CheckpointResolvedError("done", checkpoint_id="cp_1"),
+        runlet.CheckpointClaimedError("busy", checkpoint_id="cp_1"),
+        runlet.LeaseLostError("lost", checkpoint_id="cp_1"),
+        runlet.MissingToolError("tool", checkpoint_id="cp_1", tool_name="refund"),
+        runlet.CheckpointSerializationError("json", path="metadata['x']"),
+    ]
+
+
+@pytest.mark.parametrize("error", _errors_with_their_attributes(), ids=lambda e: type(e).__name__)
+def test_every_error_pickles_and_copies_with_its_attributes(error: runlet.RunletError) -> None:
+    # A resume run in a process pool or a task queue raises in the parent as itself.
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(error) is type(again)
+        assert (str(error), vars(error)) == (str(again), vars(again))
+
+
+async def test_checkpoints_pickle_so_a_pickling_store_works() -> None:
+    class PickleStore:
+        """A three-method store that keeps pickles, as a shelve-backed one would."""
+
+        def __init__(self) -> None:
+            self.rows: dict[str, bytes] = {}
+
+        async def save(self, checkpoint: runlet.Checkpoint) -> None:
+            self.rows[checkpoint.id] = pickle.dumps(checkpoint)
+
+        async def load(self, checkpoint_id: str) -> runlet.Checkpoint:
+            loaded: runlet.Checkpoint = pickle.loads(self.rows[checkpoint_id])
+            return loaded
+
+        async def delete(self, checkpoint_id: str) -> None:
+            self.rows.pop(checkpoint_id, None)
+
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "paid"
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    agent = runlet.Agent("a", "Pay.", ScriptedModel([call("pay"), "Done."]), (tool,))
+    store = PickleStore()
+    rt = runlet.Runtime(checkpoint_store=store)
+    first = await rt.run(agent, "Pay.", options={"temperature": 0.2})
+    assert first.checkpoint_id is not None
+    assert first.interruption is not None
+    loaded = await store.load(first.checkpoint_id)
+    assert {"temperature": 0.2} == loaded.options
+    assert loaded == copy.deepcopy(loaded)
+
+    done = await rt.resume(
+        agent,
+        checkpoint_id=first.checkpoint_id,
+        response=runlet.HumanResponse(first.interruption.id, "approve"),
+    )
+    assert ("completed", {}) == (done.status, store.rows)
