@@ -75,10 +75,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=["3.10", "3.13"])
 def types(session: nox.Session) -> None:
-    """mypy --strict on runlet/ (settings in pyproject.toml)."""
+    """mypy --strict on runlet/ and on the user code in tests/typecheck (settings in
+    pyproject.toml)."""
     # pytest: runlet.testing ships the store conformance suite, which builds pytest tests.
     session.install("-e", ".[http,trio,postgres]", "mypy>=1.11", "pytest>=8.2")
-    session.run("mypy", "runlet")
+    session.run("mypy", "runlet", "tests/typecheck")
 
 
 @nox.session(python="3.11")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import anyio
 from anyio.abc import TaskGroup
@@ -176,6 +176,17 @@ class Runtime:
 
         return RunStream(start)
 
+    # Two forms, so a type checker catches a call with neither answer or with both.
+    @overload
+    async def resume(
+        self, agent: Agent, *, checkpoint_id: str, response: HumanResponse
+    ) -> RunResult: ...
+
+    @overload
+    async def resume(
+        self, agent: Agent, *, checkpoint_id: str, responses: Sequence[HumanResponse]
+    ) -> RunResult: ...
+
     async def resume(
         self,
         agent: Agent,
@@ -234,6 +245,16 @@ class Runtime:
         """
         answers = _responses(response, responses)
         return await resume(self._loop, self._durable, agent, checkpoint_id, answers, None)
+
+    @overload
+    def stream_resume(
+        self, agent: Agent, *, checkpoint_id: str, response: HumanResponse
+    ) -> RunStream: ...
+
+    @overload
+    def stream_resume(
+        self, agent: Agent, *, checkpoint_id: str, responses: Sequence[HumanResponse]
+    ) -> RunStream: ...
 
     def stream_resume(
         self,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from types import MemberDescriptorType
 from typing import Any, TypeVar
@@ -29,8 +31,10 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
             return
         if isinstance(obj, type) and attrs.has(obj):
             # String annotations are resolved in the defining module; after the move
-            # below they would be looked up in the package and fail.
+            # below they would be looked up in the package and fail. So are the class's
+            # own __annotations__, for typing.get_type_hints() and the tools built on it.
             attrs.resolve_types(obj)
+            _resolve_annotations(obj)
         try:
             obj.__module__ = module_name
         except (AttributeError, TypeError):  # some typing constructs refuse
@@ -44,6 +48,17 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
 
     for name in namespace.get("__all__", ()):
         fix(name, namespace[name])
+
+
+def _resolve_annotations(cls: type) -> None:
+    own = inspect.get_annotations(cls)
+    if not own:
+        return
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a name only type checkers see: leave it as text
+        return
+    cls.__annotations__ = {name: hints.get(name, hint) for name, hint in own.items()}
 
 
 def is_seconds(value: object, *, positive: bool = False) -> bool:

@@ -4,8 +4,10 @@ checkpoint cannot hold, and the order of saving a checkpoint and reporting it.""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import pickle
+import typing
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -403,3 +405,19 @@ async def test_checkpoints_pickle_so_a_pickling_store_works() -> None:
         response=runlet.HumanResponse(first.interruption.id, "approve"),
     )
     assert ("completed", {}) == (done.status, store.rows)
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in runlet.__all__ if isinstance(getattr(runlet, name), type)]
+)
+def test_type_hints_of_every_public_class_resolve(name: str) -> None:
+    # Tools that read annotations at run time (typing.get_type_hints, msgspec, pydantic,
+    # inspect.signature(eval_str=True)) see real types, not names of private modules.
+    hints = typing.get_type_hints(getattr(runlet, name))
+    assert all(not isinstance(hint, str) for hint in hints.values())
+
+
+def test_a_request_s_hints_name_the_real_types() -> None:
+    hints = typing.get_type_hints(runlet.HumanRequest)
+    assert datetime.datetime is hints["created_at"]
+    assert Mapping[str, Any] | None == typing.get_type_hints(runlet.HumanResponse)["metadata"]

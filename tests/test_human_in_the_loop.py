@@ -744,7 +744,7 @@ async def test_resume_refuses_something_that_is_not_a_human_response() -> None:
     assert first.checkpoint_id is not None
 
     with pytest.raises(runlet.HumanResponseError, match="needs a HumanResponse, got str"):
-        await rt.resume(agent, checkpoint_id=first.checkpoint_id, response="approve")  # type: ignore[arg-type]
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, response="approve")  # type: ignore[call-overload]
     await assert_still_resumable(rt, agent, first, handler)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import random
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
@@ -362,8 +363,21 @@ def test_a_model_made_once_serves_one_event_loop_after_another(
 
 
 def test_providers_package_is_light() -> None:
-    assert runlet.providers.__all__ == ["RetryPolicy", "anthropic", "openai"]
+    assert runlet.providers.__all__ == ["RetryPolicy"]
     assert runlet.providers.__doc__
+
+
+def test_a_star_import_of_the_providers_works_without_httpx() -> None:
+    # In a fresh interpreter, where nothing has imported the adapters yet.
+    code = (
+        "import sys; sys.modules['httpx'] = None\n"
+        "from runlet.providers import *\n"
+        "print(RetryPolicy.__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert ("RetryPolicy\n", 0) == (done.stdout, done.returncode), done.stderr
 
 
 @pytest.mark.parametrize("module", ["runlet.providers.openai", "runlet.providers.anthropic"])

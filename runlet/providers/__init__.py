@@ -15,6 +15,6 @@ from __future__ import annotations
 
 from ._retry import RetryPolicy as RetryPolicy
 
-__all__ = ["RetryPolicy", "anthropic", "openai"]
+__all__ = ["RetryPolicy"]  # the adapters need httpx: import their modules by name
 
 RetryPolicy.__module__ = __name__

@@ -5,7 +5,15 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, Union
 
@@ -32,7 +40,12 @@ _READY = frozenset({str, ToolCall, Message, ModelResponse, list, tuple})
 
 
 def call(
-    name: str, arguments: dict[str, Any] | None = None, /, *, id: str | None = None, **kwargs: Any
+    name: str,
+    arguments: Mapping[str, Any] | None = None,
+    /,
+    *,
+    id: str | None = None,
+    **kwargs: Any,
 ) -> ToolCall:
     """A :class:`~runlet.ToolCall` for a script: ``call("add", a=1, b=2)`` or
     ``call("add", {"a": 1, "b": 2}, id="call_7")``. Ids default to ``call_1``,

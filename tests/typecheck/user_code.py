@@ -1,0 +1,58 @@
+"""Application code as a type-checking user writes it: ``nox -s types`` runs
+``mypy --strict`` on this file. Lines that must be refused carry a ``type: ignore`` with
+their error code; with ``warn_unused_ignores`` (part of strict), a refusal that goes
+away fails the check too. Never run, only checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runlet import (
+    Agent,
+    HumanResponse,
+    PendingRequest,
+    RunResult,
+    Runtime,
+    ToolCall,
+    ToolContext,
+)
+from runlet.testing import call
+
+
+async def answer_one(runtime: Runtime, agent: Agent, result: RunResult) -> RunResult:
+    assert result.checkpoint_id is not None
+    assert result.interruption is not None
+    response = HumanResponse(result.interruption.id, "approve")
+    return await runtime.resume(agent, checkpoint_id=result.checkpoint_id, response=response)
+
+
+async def answer_all(
+    runtime: Runtime, agent: Agent, checkpoint_id: str, answers: Sequence[HumanResponse]
+) -> RunResult:
+    async with runtime.stream_resume(agent, checkpoint_id=checkpoint_id, responses=answers) as s:
+        async for _ in s:
+            pass
+    return await runtime.resume(agent, checkpoint_id=checkpoint_id, responses=answers)
+
+
+async def answer_wrongly(runtime: Runtime, agent: Agent, answer: HumanResponse) -> None:
+    # Neither answer, or both: refused by the type checker, not only at run time.
+    await runtime.resume(agent, checkpoint_id="cp_1")  # type: ignore[call-overload]
+    await runtime.resume(  # type: ignore[call-overload]
+        agent, checkpoint_id="cp_1", response=answer, responses=[answer]
+    )
+    runtime.stream_resume(agent, checkpoint_id="cp_1")  # type: ignore[call-overload]
+
+
+def script_a_call(made: ToolCall, arguments: Mapping[str, Any]) -> list[ToolCall]:
+    # Runlet hands out arguments as a Mapping; the scripted model takes them back.
+    return [call(made.name, made.arguments), call("add", arguments, id="c2")]
+
+
+def context_for_a_handler_test() -> ToolContext:
+    return ToolContext(run_id="run_1", tool_call_id="c1", agent_name="a", metadata={})
+
+
+def first_of(page: Sequence[PendingRequest]) -> str:
+    return page[0].requests[0].id
