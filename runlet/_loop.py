@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from ._agent import Agent
 from ._checkpoint import (
@@ -44,7 +43,7 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
 from ._tracing import Tracing
-from ._util import slot_builder
+from ._util import side_by_side, slot_builder
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
@@ -240,9 +239,9 @@ class Loop:
             call, tool = ready[0]
             results[call.id] = await run_tool(run, call, tool, call.arguments)
         elif ready:
-            async with anyio.create_task_group() as group:
-                for call, tool in ready:
-                    group.start_soon(_run_into, results, run, call, tool)
+            await side_by_side(
+                [partial(_run_into, results, run, call, tool) for call, tool in ready]
+            )
         return results, pending
 
     def stop_for(

@@ -77,7 +77,7 @@ from ._store import (
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
-from ._util import json_form, slot_builder, to_the_end
+from ._util import json_form, side_by_side, slot_builder, to_the_end
 
 __all__ = ["resume"]
 
@@ -476,13 +476,12 @@ async def _continue(
     elif to_run:
         # A failure (a lost lease, a store error) stops the others and is raised as
         # itself, as with one call, not wrapped in an exception group.
-        failures: list[Exception] = []
-        async with anyio.create_task_group() as group:
-            for call, decision in to_run:
-                work = partial(_run_approved, run, call, decision, results, record_result)
-                group.start_soon(_or_stop, work, group.cancel_scope, failures)
-        if failures:
-            raise failures[0]
+        await side_by_side(
+            [
+                partial(_run_approved, run, call, decision, results, record_result)
+                for call, decision in to_run
+            ]
+        )
 
     pending: list[ToolCall] = []
     requests: list[HumanRequest] = []
@@ -555,17 +554,6 @@ async def _record_to_the_end(record: Record, records: Sequence[CallRecord]) -> N
     await to_the_end(partial(record, records))
 
 
-async def _or_stop(
-    work: Callable[[], Awaitable[None]], scope: anyio.CancelScope, failures: list[Exception]
-) -> None:
-    """Await *work*; if it fails, keep its exception and cancel *scope* (its siblings)."""
-    try:
-        await work()
-    except Exception as exc:  # noqa: BLE001 - raised by _continue, after the task group
-        failures.append(exc)
-        scope.cancel()
-
-
 async def _holding_lease(
     store: DurableCheckpointStore,
     checkpoint_id: str,
@@ -577,7 +565,7 @@ async def _holding_lease(
     if the claim is lost, stop the work and raise :class:`~runlet.LeaseLostError`."""
     lost: list[LeaseLostError] = []
     outcome: list[tuple[RunResult, tuple[Decision, ...]]] = []
-    failure: list[Exception] = []
+    failure: list[BaseException] = []
     done = anyio.Event()
     renewing = [False]
 
@@ -604,7 +592,9 @@ async def _holding_lease(
         group.start_soon(keep, group.cancel_scope)
         try:
             outcome.append(await work)
-        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, as itself
             failure.append(exc)
         done.set()
         if renewing[0]:  # do not wait for a renewal that is no longer needed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MemberDescriptorType
 from typing import Any, TypeVar
 
@@ -140,3 +140,28 @@ def json_form(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_form(item) for item in value]
     return value
+
+
+async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None:
+    """Await every one of *works* at once. The first to fail stops the others, and its
+    exception is raised as itself, never inside an exception group: an ordinary error,
+    and as much a ``KeyboardInterrupt`` or ``SystemExit``. Cancellation goes on as
+    cancellation."""
+    failures: list[BaseException] = []
+    async with anyio.create_task_group() as group:
+        for work in works:
+            group.start_soon(_or_stop, work, group.cancel_scope, failures)
+    if failures:
+        raise failures[0]
+
+
+async def _or_stop(
+    work: Callable[[], Awaitable[object]], scope: anyio.CancelScope, failures: list[BaseException]
+) -> None:
+    try:
+        await work()
+    except anyio.get_cancelled_exc_class():
+        raise
+    except BaseException as exc:  # noqa: BLE001 - raised by side_by_side, as itself
+        failures.append(exc)
+        scope.cancel()

@@ -421,3 +421,48 @@ def test_a_request_s_hints_name_the_real_types() -> None:
     hints = typing.get_type_hints(runlet.HumanRequest)
     assert datetime.datetime is hints["created_at"]
     assert Mapping[str, Any] | None == typing.get_type_hints(runlet.HumanResponse)["metadata"]
+
+
+class _Stop(BaseException):
+    """Like KeyboardInterrupt or SystemExit: not an Exception, so no error result."""
+
+
+def _stopping_tools(approve: bool) -> tuple[ToolSpec, ...]:
+    async def stop(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        raise _Stop
+
+    async def wait(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        await anyio.sleep_forever()
+        return "never"
+
+    schema = {"type": "object"}
+    return (
+        ToolSpec("stop", "Stop.", schema, stop, requires_approval=approve),
+        ToolSpec("wait", "Wait.", schema, wait, requires_approval=approve),
+    )
+
+
+async def test_a_base_exception_from_one_of_several_tools_comes_out_as_itself() -> None:
+    model = ScriptedModel([[call("wait", id="w"), call("stop", id="s")]])
+    agent = runlet.Agent("a", "Go.", model, _stopping_tools(approve=False))
+    with pytest.raises(_Stop):  # not a BaseExceptionGroup, on either backend
+        await runlet.Runtime().run(agent, "Go.")
+
+
+@pytest.mark.parametrize("lease", [None, 30.0])
+@pytest.mark.parametrize("calls", [["stop"], ["wait", "stop"]])
+async def test_a_base_exception_from_an_approved_tool_comes_out_as_itself(
+    lease: float | None, calls: list[str]
+) -> None:
+    # A store with a lease renews it from a task beside the resume; several approved
+    # calls run side by side: neither may wrap what a handler raised.
+    model = ScriptedModel([[call(name, id=name) for name in calls]])
+    agent = runlet.Agent("a", "Go.", model, _stopping_tools(approve=True))
+    store = runlet.InMemoryCheckpointStore(lease=lease)
+    rt = runlet.Runtime(checkpoint_store=store)
+    first = await rt.run(agent, "Go.")
+    assert first.checkpoint_id is not None
+    answers = [runlet.HumanResponse(r.id, "approve") for r in first.pending_requests]
+    with pytest.raises(_Stop):
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, responses=answers)
+    assert "pending" == (await store.get(first.checkpoint_id)).status
