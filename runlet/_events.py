@@ -48,10 +48,22 @@ class ToolCallFinished:
 class Interrupted:
     """The run stopped for a person. Sent only after the checkpoint is saved; the stream
     ends right after, with :class:`RunFinished`. Resume with
-    :meth:`~runlet.Runtime.resume` using ``checkpoint_id`` and ``request.id``."""
+    :meth:`~runlet.Runtime.resume` using ``checkpoint_id`` and ``request.id``.
+
+    Attributes:
+        request: The first open request (the result's ``interruption``).
+        checkpoint_id: The checkpoint to resume.
+        requests: Every open request of the checkpoint, in call order (the result's
+            ``pending_requests``), when one turn stopped for several calls.
+    """
 
     request: HumanRequest
     checkpoint_id: str
+    requests: tuple[HumanRequest, ...] = attrs.field()
+
+    @requests.default
+    def _just_the_request(self) -> tuple[HumanRequest, ...]:
+        return (self.request,)
 
 
 @attrs.frozen

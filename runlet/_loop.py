@@ -300,7 +300,9 @@ class Loop:
         else:
             await self.store.save(checkpoint)  # type: ignore[union-attr]  # stop_for checks
             if run.emit is not None:
-                await run.emit(Interrupted(checkpoint.request, checkpoint.id))
+                await run.emit(
+                    Interrupted(checkpoint.request, checkpoint.id, checkpoint.open_requests)
+                )
         return interrupted_result(checkpoint)
 
 

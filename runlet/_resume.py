@@ -199,7 +199,9 @@ async def _resume(
             await to_the_end(partial(durable_store.release, checkpoint_id, token))
         raise
     if emit is not None and next_checkpoint is not None:
-        await emit(Interrupted(next_checkpoint.request, next_checkpoint.id))
+        await emit(
+            Interrupted(next_checkpoint.request, next_checkpoint.id, next_checkpoint.open_requests)
+        )
     return result
 
 

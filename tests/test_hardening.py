@@ -466,3 +466,31 @@ async def test_a_base_exception_from_an_approved_tool_comes_out_as_itself(
     with pytest.raises(_Stop):
         await rt.resume(agent, checkpoint_id=first.checkpoint_id, responses=answers)
     assert "pending" == (await store.get(first.checkpoint_id)).status
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+async def test_the_interrupted_event_names_every_open_request(resumed: bool) -> None:
+    # A relay that shows the browser what the event says must show every approval of
+    # the turn, not only the first.
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "paid"
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    turn = [call("pay", id="p1", n=1), call("pay", id="p2", n=2), call("pay", id="p3", n=3)]
+    agent = runlet.Agent("a", "Pay.", ScriptedModel([turn, "Done."]), (tool,))
+    rt = runlet.Runtime(checkpoint_store=runlet.InMemoryCheckpointStore())
+    if resumed:  # answering one of three interrupts again for the two left
+        first = await rt.run(agent, "Pay.")
+        assert first.checkpoint_id is not None
+        answer = runlet.HumanResponse(first.pending_requests[0].id, "approve")
+        stream = rt.stream_resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+    else:
+        stream = rt.stream(agent, "Pay.")
+    async with stream:
+        events = [event async for event in stream]
+    (interrupted,) = [event for event in events if isinstance(event, runlet.Interrupted)]
+    result = stream.result
+    assert result.pending_requests == interrupted.requests
+    assert (3 - resumed) == len(interrupted.requests)
+    assert interrupted.request is interrupted.requests[0]
+    assert runlet.structure_event(runlet.unstructure_event(interrupted)) == interrupted

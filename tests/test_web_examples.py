@@ -34,12 +34,14 @@ from runlet import (
     CheckpointNotFoundError,
     CheckpointResolvedError,
     CheckpointSerializationError,
+    CheckpointStoreRequiredError,
     HumanRequestExpiredError,
     HumanResponseConflictError,
     HumanResponseError,
     Interrupted,
     LeaseLostError,
     MessageCompleted,
+    MissingToolError,
     ModelError,
     RunFinished,
     RunResult,
@@ -378,9 +380,10 @@ async def test_errors_answer_with_the_status_of_their_class(
     cases: list[tuple[str, Any, int, str]] = [
         ("cp_unknown", approve(request_id), 404, "CheckpointNotFoundError"),
         (checkpoint_id, approve("req_other"), 422, "HumanResponseError"),
-        (checkpoint_id, {"request_id": request_id, "action": "select"}, 422, ""),
-        (checkpoint_id, {"request_id": request_id, "action": "sign"}, 422, ""),
-        (checkpoint_id, {"request_id": request_id}, 422, ""),
+        # Not responses at all: the client's mistake, not broken stored data.
+        (checkpoint_id, {"request_id": request_id, "action": "select"}, 422, "HumanResponseError"),
+        (checkpoint_id, {"request_id": request_id, "action": "sign"}, 422, "HumanResponseError"),
+        (checkpoint_id, {"request_id": request_id}, 422, "HumanResponseError"),
         (checkpoint_id, approve(request_id, edited_arguments={"order": 9}), 422, ""),
     ]
     for where, body, status, error in cases:
@@ -443,9 +446,11 @@ def test_the_status_table_covers_every_error_people_can_cause() -> None:
         CheckpointClaimedError: 409,
         HumanRequestExpiredError: 410,
         HumanResponseError: 422,
-        CheckpointSerializationError: 422,
-        LeaseLostError: 500,
-        ModelError: 500,
+        CheckpointSerializationError: 500,  # from resume(): stored data is broken
+        MissingToolError: 500,
+        LeaseLostError: 503,
+        ModelError: 502,
+        CheckpointStoreRequiredError: 500,
     }
     # Only the class matters; the instances need no message or ids.
     actual = {cls: module.http_status(cls.__new__(cls)) for cls in expected}

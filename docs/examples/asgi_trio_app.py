@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 import anyio
 import sniffio
 from refund_agent import agent, error_body, http_status, open_store, server_sent_event
+from refund_agent import read_responses as parse_responses
 
 from runlet import (
     DurableCheckpointStore,
@@ -28,7 +29,6 @@ from runlet import (
     RunletError,
     RunStream,
     Runtime,
-    structure,
     unstructure,
     unstructure_event,
 )
@@ -212,8 +212,8 @@ async def read_responses(receive: Receive) -> list[HumanResponse]:
     items = (await read_json(receive)).get("responses")
     if not isinstance(items, list):
         raise HTTPError(422, 'Answer with {"responses": [{"request_id": ..., "action": ...}]}.')
-    # Bad data raises CheckpointSerializationError (422) naming the field.
-    return [structure(item, HumanResponse) for item in items]
+    # Bad data raises HumanResponseError (422) naming the field.
+    return parse_responses(items)
 
 
 app = App()

@@ -25,7 +25,14 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
-from refund_agent import agent, error_body, http_status, open_store, server_sent_event
+from refund_agent import (
+    agent,
+    error_body,
+    http_status,
+    open_store,
+    read_responses,
+    server_sent_event,
+)
 from starlette.types import Send
 
 from runlet import (
@@ -34,7 +41,6 @@ from runlet import (
     RunletError,
     RunStream,
     Runtime,
-    structure,
     unstructure,
     unstructure_event,
 )
@@ -75,8 +81,8 @@ class Answers(BaseModel):
     responses: list[dict[str, Any]]
 
     def parsed(self) -> list[HumanResponse]:
-        # Bad data raises CheckpointSerializationError (422) naming the field.
-        return [structure(item, HumanResponse) for item in self.responses]
+        # Bad data raises HumanResponseError (422) naming the field.
+        return read_responses(self.responses)
 
 
 @app.get("/health")

@@ -27,13 +27,18 @@ from runlet import (
     CheckpointResolvedError,
     CheckpointSerializationError,
     HumanRequestExpiredError,
+    HumanResponse,
     HumanResponseConflictError,
     HumanResponseError,
+    LeaseLostError,
+    MissingToolError,
+    ModelError,
     ModelRequest,
     RunletError,
     ToolCall,
     ToolContext,
     ToolSpec,
+    structure,
 )
 from runlet.stores.sqlite import SQLiteCheckpointStore
 from runlet.testing import ScriptedModel
@@ -107,9 +112,26 @@ HTTP_STATUS: dict[type[RunletError], int] = {
     CheckpointResolvedError: 409,  # already resolved
     CheckpointClaimedError: 409,  # being resumed right now: try again later
     HumanRequestExpiredError: 410,  # answered too late
-    HumanResponseError: 422,  # a response that does not answer the request
-    CheckpointSerializationError: 422,  # a request body that is not valid JSON data
+    HumanResponseError: 422,  # a response that does not answer the request (or no response)
+    CheckpointSerializationError: 500,  # stored data that is not a valid checkpoint
+    MissingToolError: 500,  # the agent lacks a tool the run needs: a deployment bug
+    LeaseLostError: 503,  # another resume took over: retry
+    ModelError: 502,  # the model failed after the answer was recorded: retry
 }
+
+
+def read_responses(items: list[Any]) -> list[HumanResponse]:
+    """The responses of a request body. Data that is not a response is the client's
+    mistake: structure() says what is wrong with a CheckpointSerializationError, which
+    from resume() would mean broken stored data (500), so it becomes a
+    HumanResponseError (422) here, where the body is read."""
+    try:
+        return [
+            structure(item, HumanResponse, what=f"responses[{index}]")
+            for index, item in enumerate(items)
+        ]
+    except CheckpointSerializationError as error:
+        raise HumanResponseError(f"This is not a response: {error}") from error
 
 
 def http_status(error: RunletError) -> int:
