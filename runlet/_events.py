@@ -59,11 +59,10 @@ class Interrupted:
 
     request: HumanRequest
     checkpoint_id: str
-    requests: tuple[HumanRequest, ...] = attrs.field()
-
-    @requests.default
-    def _just_the_request(self) -> tuple[HumanRequest, ...]:
-        return (self.request,)
+    # A default= (not a decorator) so every type checker sees that it has one.
+    requests: tuple[HumanRequest, ...] = attrs.field(
+        default=attrs.Factory(lambda self: (self.request,), takes_self=True)
+    )
 
 
 @attrs.frozen

@@ -110,7 +110,7 @@ class Model(Protocol):
     :class:`~runlet.ModelError` whose ``__cause__`` is the original.
     """
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, /) -> ModelResponse:
         """Answer *request* with one assistant message."""
         ...
 
@@ -127,7 +127,7 @@ class StreamingModel(Model, Protocol):
     """
 
     def stream(
-        self, request: ModelRequest
+        self, request: ModelRequest, /
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelStreamItem]]:
         """Start streaming the answer to *request*."""
         ...

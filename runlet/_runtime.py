@@ -94,8 +94,8 @@ class Runtime:
                 f"load() and delete() methods; got {type(checkpoint_store).__name__}. Use "
                 "InMemoryCheckpointStore() or a store of your own."
             )
-        self.checkpoint_store = checkpoint_store
-        self.max_turns = max_turns
+        self.checkpoint_store: CheckpointStore | None = checkpoint_store
+        self.max_turns: int = max_turns
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
         self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else clock)
         self._loop.tracing = Tracing(tracer_provider, trace_content)

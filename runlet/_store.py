@@ -146,11 +146,10 @@ class PendingRequest:
     request: HumanRequest
     metadata: Mapping[str, Any]
     created_at: datetime
-    requests: tuple[HumanRequest, ...] = attrs.field()
-
-    @requests.default
-    def _just_the_request(self) -> tuple[HumanRequest, ...]:
-        return (self.request,)
+    # A default= (not a decorator) so every type checker sees that it has one.
+    requests: tuple[HumanRequest, ...] = attrs.field(
+        default=attrs.Factory(lambda self: (self.request,), takes_self=True)
+    )
 
     @classmethod
     def of(cls, checkpoint: Checkpoint) -> PendingRequest:
@@ -177,11 +176,11 @@ class CheckpointStore(Protocol):
     (or use one of Runlet's stores).
     """
 
-    async def save(self, checkpoint: Checkpoint) -> None:
+    async def save(self, checkpoint: Checkpoint, /) -> None:
         """Store *checkpoint* under ``checkpoint.id``."""
         ...
 
-    async def load(self, checkpoint_id: str) -> Checkpoint:
+    async def load(self, checkpoint_id: str, /) -> Checkpoint:
         """Return the checkpoint with this id.
 
         Raises:
@@ -190,7 +189,7 @@ class CheckpointStore(Protocol):
         """
         ...
 
-    async def delete(self, checkpoint_id: str) -> None:
+    async def delete(self, checkpoint_id: str, /) -> None:
         """Remove the checkpoint with this id; do nothing if there is none."""
         ...
 
@@ -222,7 +221,7 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """Seconds a claim lasts without renewal; ``None`` means until released."""
         ...
 
-    async def get(self, checkpoint_id: str) -> StoredCheckpoint:
+    async def get(self, checkpoint_id: str, /) -> StoredCheckpoint:
         """The checkpoint with its status, records and resolution.
 
         Raises:
@@ -230,7 +229,7 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """
         ...
 
-    async def claim(self, checkpoint_id: str) -> Claim:
+    async def claim(self, checkpoint_id: str, /) -> Claim:
         """Atomically take the checkpoint for one resume.
 
         Raises:
@@ -241,7 +240,7 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """
         ...
 
-    async def renew(self, checkpoint_id: str, token: str) -> None:
+    async def renew(self, checkpoint_id: str, token: str, /) -> None:
         """Extend the claim's lease by :attr:`lease` seconds from now.
 
         Raises:
@@ -249,7 +248,9 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """
         ...
 
-    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+    async def record(
+        self, checkpoint_id: str, token: str, records: Sequence[CallRecord], /
+    ) -> None:
         """Add or replace (by ``tool_call_id``) records of the checkpoint, atomically.
 
         Raises:
@@ -263,6 +264,7 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         token: str,
         resolution: Resolution,
         next_checkpoint: Checkpoint | None = None,
+        /,
     ) -> None:
         """Mark the checkpoint resolved with *resolution* and save *next_checkpoint* (the
         run's next interruption, if any) as pending, in one atomic step.
@@ -272,12 +274,12 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """
         ...
 
-    async def release(self, checkpoint_id: str, token: str) -> None:
+    async def release(self, checkpoint_id: str, token: str, /) -> None:
         """Give the claim back, so the checkpoint is pending again (records are kept).
         Does nothing if *token* no longer holds it."""
         ...
 
-    async def cancel(self, checkpoint_id: str) -> None:
+    async def cancel(self, checkpoint_id: str, /) -> None:
         """Retire the checkpoint without resolving it; cancelling twice is fine.
 
         Raises:
@@ -306,7 +308,7 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         """
         ...
 
-    async def decisions(self, run_id: str) -> Sequence[Decision]:
+    async def decisions(self, run_id: str, /) -> Sequence[Decision]:
         """Every decision recorded for the run's checkpoints, oldest first."""
         ...
 

@@ -132,11 +132,11 @@ class ToolContext:
     agent_name: str
     metadata: Mapping[str, Any]
     tool_name: str = ""
-    idempotency_key: str = attrs.field(kw_only=True)
-
-    @idempotency_key.default
-    def _default_key(self) -> str:
-        return f"{self.run_id}/{self.tool_call_id}"
+    # A default= (not a decorator) so every type checker sees that it has one.
+    idempotency_key: str = attrs.field(
+        kw_only=True,
+        default=attrs.Factory(lambda self: f"{self.run_id}/{self.tool_call_id}", takes_self=True),
+    )
 
 
 @attrs.frozen

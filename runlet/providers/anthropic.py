@@ -198,8 +198,8 @@ class AnthropicModel(HTTPModel):
             extra_body=extra_body,
         )
         self.max_tokens = max_tokens
-        self.prompt_caching = bool(prompt_caching)
-        self.cache_transcript = bool(cache_transcript)
+        self.prompt_caching: bool = bool(prompt_caching)
+        self.cache_transcript: bool = bool(cache_transcript)
         self._cache_control: dict[str, str] = {"type": "ephemeral"}
         if cache_ttl is not None:
             self._cache_control["ttl"] = cache_ttl

@@ -11,6 +11,10 @@ from typing import Any
 from runlet import (
     Agent,
     HumanResponse,
+    Interrupted,
+    Message,
+    ModelRequest,
+    ModelResponse,
     PendingRequest,
     RunResult,
     Runtime,
@@ -56,3 +60,28 @@ def context_for_a_handler_test() -> ToolContext:
 
 def first_of(page: Sequence[PendingRequest]) -> str:
     return page[0].requests[0].id
+
+
+class EchoModel:
+    """A model whose parameter has a name of its own: the protocol takes it positionally."""
+
+    async def complete(self, req: ModelRequest) -> ModelResponse:
+        return ModelResponse(Message.assistant(req.messages[-1].content))
+
+
+def echo_agent() -> Agent:
+    return Agent("echo", "Repeat.", EchoModel())
+
+
+def interrupted_and_pending(pending: PendingRequest) -> tuple[Interrupted, PendingRequest]:
+    # The fields the docs show are enough; the lists of requests default to the one.
+    event = Interrupted(pending.request, pending.checkpoint_id)
+    again = PendingRequest(
+        pending.checkpoint_id,
+        pending.run_id,
+        pending.agent_name,
+        pending.request,
+        pending.metadata,
+        pending.created_at,
+    )
+    return event, again
