@@ -184,11 +184,24 @@ class HumanResponseConflictError(HumanResponseError):
 
     Attributes:
         checkpoint_id: The checkpoint the resume was given.
+        request_id: The request the refused response answers (``None`` when it names no
+            request of the checkpoint).
+        next_checkpoint_id: The checkpoint where the run waits now, if it waits (the one
+            to resume when *request_id* is still open there).
     """
 
-    def __init__(self, message: str, *, checkpoint_id: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        checkpoint_id: str,
+        request_id: str | None = None,
+        next_checkpoint_id: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
+        self.request_id = request_id
+        self.next_checkpoint_id = next_checkpoint_id
 
 
 class HumanRequestExpiredError(HumanResponseError):

@@ -387,6 +387,7 @@ def _check_same(
             f"{recorded.responded_by or 'an earlier resume'}); the first accepted answer is "
             "final. Resume with that same response to continue.",
             checkpoint_id=checkpoint.id,
+            request_id=request.id,
         )
 
 
@@ -648,6 +649,8 @@ def _repeat(
                 f"request {response.request_id!r} is still open at checkpoint {later!r}. "
                 "Resume that checkpoint with this response.",
                 checkpoint_id=checkpoint_id,
+                request_id=response.request_id,
+                next_checkpoint_id=later,
             )
         where = f"; the run now waits at checkpoint {later!r}" if later else ""
         raise HumanResponseConflictError(
@@ -655,6 +658,8 @@ def _repeat(
             f"accepted answer is final){where}. Repeat the original response to get its "
             "result again.",
             checkpoint_id=checkpoint_id,
+            request_id=getattr(response, "request_id", None),
+            next_checkpoint_id=later,
         )
     return resolution.result
 

@@ -217,12 +217,17 @@ async def test_the_first_accepted_answer_is_final_even_before_the_resume_finishe
     with pytest.raises(runlet.ModelError):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
-    with pytest.raises(HumanResponseConflictError, match="already answered"):
+    with pytest.raises(HumanResponseConflictError, match="already answered") as info:
         await rt.resume(
             agent,
             checkpoint_id=cp(first),
             response=HumanResponse(approve(first).request_id, "reject"),
         )
+    assert (cp(first), approve(first).request_id, None) == (
+        info.value.checkpoint_id,
+        info.value.request_id,
+        info.value.next_checkpoint_id,
+    )
     assert 1 == len(payments.attempts)
 
 
@@ -326,10 +331,18 @@ async def test_an_unknown_request_id_after_the_run_went_on_is_a_conflict() -> No
     second = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     assert second.checkpoint_id is not None
 
-    with pytest.raises(HumanResponseConflictError, match=f"now waits at checkpoint '{cp(second)}'"):
+    with pytest.raises(
+        HumanResponseConflictError, match=f"now waits at checkpoint '{cp(second)}'"
+    ) as info:
         await rt.resume(
             agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")
         )
+    error = info.value
+    assert (cp(first), "req_other", cp(second)) == (
+        error.checkpoint_id,
+        error.request_id,
+        error.next_checkpoint_id,
+    )
 
 
 # --- Cut off inside the handler ------------------------------------------------------------
@@ -1118,8 +1131,10 @@ async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one()
 
     with pytest.raises(
         HumanResponseConflictError, match=f"still open at checkpoint '{cp(second)}'"
-    ):
+    ) as info:
         await rt.resume(agent, checkpoint_id=cp(first), response=HumanResponse(two.id, "approve"))
+    # A web handler can send the client on to the checkpoint to answer, without parsing.
+    assert (two.id, cp(second)) == (info.value.request_id, info.value.next_checkpoint_id)
 
     done = await rt.resume(
         agent, checkpoint_id=cp(second), response=HumanResponse(two.id, "reject")
