@@ -292,13 +292,13 @@ class Loop:
             usage=run.usage,
             turns=run.turns,
         )
-        if run.trace is not None:
-            run.trace.interrupted(checkpoint)
         mark_verified(checkpoint)  # consistent by construction
         if run.deferred is not None:
-            run.deferred.append(checkpoint)
+            run.deferred.append(checkpoint)  # the resume saves it, and traces it then
         else:
             await self.store.save(checkpoint)  # type: ignore[union-attr]  # stop_for checks
+            if run.trace is not None:  # only once it is saved: a failed save is no stop
+                run.trace.interrupted(checkpoint)
             if run.emit is not None:
                 await run.emit(
                     Interrupted(checkpoint.request, checkpoint.id, checkpoint.open_requests)

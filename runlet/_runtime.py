@@ -309,11 +309,15 @@ class Runtime:
             raise CheckpointStoreRequiredError(
                 "cancel() needs the checkpoint store the run was saved in; this Runtime has none."
             )
-        with cancel_span(self._loop.tracing, checkpoint_id):
+        with cancel_span(self._loop.tracing, checkpoint_id) as span:
             if self._durable:
+                if span is not None:  # traced: name the run (one read more)
+                    await _name_the_run(span, store, checkpoint_id)
                 await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
             else:
-                await store.load(checkpoint_id)
+                checkpoint = await store.load(checkpoint_id)
+                if span is not None:
+                    span.attributes_of(checkpoint)
                 await store.delete(checkpoint_id)
 
     def _start(
@@ -354,6 +358,16 @@ class Runtime:
 
 # The options of a run given none: read-only, so one empty view serves every such run.
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+async def _name_the_run(span: Any, store: Any, checkpoint_id: str) -> None:
+    """Give a traced cancel() the run's id and agent, if the store shows them; whether it
+    does changes nothing (cancel() itself reports what is wrong)."""
+    try:
+        stored = await store.get(checkpoint_id)
+    except Exception:  # noqa: BLE001 - only for the span; cancel() raises it properly
+        return
+    span.attributes_of(stored.checkpoint)
 
 
 def _responses(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from ._loop import RunState
     from ._messages import Message, ToolCall
     from ._model import Model, ModelRequest, ModelResponse
+    from ._result import RunResult
     from ._tools import ToolContext, ToolSpec
 
 __all__ = [
@@ -85,6 +87,7 @@ RUN_ID = "runlet.run_id"
 CHECKPOINT_ID = "runlet.checkpoint_id"
 RUN_STATUS = "runlet.run.status"
 RESUME_REASON = "runlet.resume.reason"
+RESUME_REPEATED = "runlet.resume.repeated"
 INTERRUPT_KIND = "runlet.interrupt.kind"
 INTERRUPT_REQUEST_ID = "runlet.interrupt.request_id"
 INTERRUPT_CHECKPOINT_ID = "runlet.interrupt.checkpoint_id"
@@ -337,6 +340,24 @@ class RunTrace:
             }
         )
 
+    def found(self, checkpoint: Checkpoint) -> None:
+        """Record the run a resume works on as soon as its checkpoint is read, so even a
+        resume that is refused carries the run's id."""
+        span = self.span
+        if span is None:  # pragma: no cover - called inside the span
+            return
+        run_id = checkpoint.run_id
+        self._common[RUN_ID] = self._common[CONVERSATION] = run_id
+        span.set_attributes({RUN_ID: run_id, CONVERSATION: run_id})
+
+    def repeated(self, result: RunResult) -> None:
+        """Record that a resume returned the stored outcome of an earlier one (nothing
+        ran): ``runlet.resume.repeated`` and the stored result's status."""
+        span = self.span
+        if span is None:  # pragma: no cover - called inside the span
+            return
+        span.set_attributes({RESUME_REPEATED: True, RUN_STATUS: result.status})
+
     def resumed(self, checkpoint: Checkpoint, decisions: Sequence[Decision]) -> None:
         """Record what a resume continues: the run (its id now joins every span), a link
         to the interrupted span when the checkpoint keeps one, and the decisions taken
@@ -491,7 +512,7 @@ class RunTrace:
         _set_error(self._api, span, error_type, description)
 
     def _close(self, span: Span, token: Token[Context] | None, exc: BaseException | None) -> None:
-        _end(self._api, span, token, exc)
+        _end(self._api, span, token, exc, self.content)
 
 
 # -- entry points for the runtime ---------------------------------------------------------
@@ -548,13 +569,12 @@ def cancel_span(tracing: Tracing, checkpoint_id: str, checkpoint: Any = None) ->
         return _OFF
     api = _load_api()
     assert api is not None
-    attributes: dict[str, Any] = {CHECKPOINT_ID: checkpoint_id, RUN_STATUS: "cancelled"}
-    name = "cancel_checkpoint"
+    attributes: dict[str, Any] = {CHECKPOINT_ID: checkpoint_id}
+    span = _Span(api, tracer, "cancel_checkpoint", attributes, [], tracing.capture_content())
+    span.on_success[RUN_STATUS] = "cancelled"  # only if it was cancelled
     if checkpoint is not None:
-        attributes[RUN_ID] = attributes[CONVERSATION] = checkpoint.run_id
-        attributes[AGENT_NAME] = checkpoint.agent_name
-        name = f"cancel_checkpoint {checkpoint.agent_name}"
-    return _Span(api, tracer, name, attributes, _links(api, checkpoint))
+        span.attributes_of(checkpoint)
+    return span
 
 
 def span_reference(trace: RunTrace | None) -> dict[str, str] | None:
@@ -571,25 +591,61 @@ def span_reference(trace: RunTrace | None) -> dict[str, str] | None:
 class _Span:
     """A plain span as a context manager (for cancel_span)."""
 
-    __slots__ = ("_api", "_attributes", "_links", "_name", "_span", "_token", "_tracer")
+    __slots__ = (
+        "_api",
+        "_attributes",
+        "_content",
+        "_links",
+        "_name",
+        "_span",
+        "_token",
+        "_tracer",
+        "on_success",
+    )
 
     def __init__(
-        self, api: _Api, tracer: Tracer, name: str, attributes: dict[str, Any], links: list[Any]
+        self,
+        api: _Api,
+        tracer: Tracer,
+        name: str,
+        attributes: dict[str, Any],
+        links: list[Any],
+        content: bool,
     ) -> None:
         self._api = api
+        self._content = content
         self._tracer = tracer
         self._name = name
         self._attributes = attributes
         self._links = links
         self._span: Span | None = None
         self._token: Token[Context] | None = None
+        self.on_success: dict[str, Any] = {}
 
-    def __enter__(self) -> None:
+    def attributes_of(self, checkpoint: Any) -> None:
+        """Name the run, the agent and the interrupted span of *checkpoint* (before the
+        span starts, or on it once it has)."""
+        found = {RUN_ID: checkpoint.run_id, CONVERSATION: checkpoint.run_id}
+        found[AGENT_NAME] = checkpoint.agent_name
+        self._name = f"cancel_checkpoint {checkpoint.agent_name}"
+        links = _links(self._api, checkpoint)
+        span = self._span
+        if span is None:
+            self._attributes.update(found)
+            self._links.extend(links)
+            return
+        span.set_attributes(found)
+        span.update_name(self._name)
+        for link in links:
+            span.add_link(link.context, link.attributes)
+
+    def __enter__(self) -> _Span:
         context, trace = self._api.context, self._api.trace
         self._span = self._tracer.start_span(
             self._name, attributes=self._attributes, links=self._links
         )
         self._token = context.attach(trace.set_span_in_context(self._span))
+        return self
 
     def __exit__(
         self,
@@ -599,7 +655,9 @@ class _Span:
     ) -> None:
         span = self._span
         assert span is not None
-        _end(self._api, span, self._token, exc)
+        if exc is None and self.on_success:
+            span.set_attributes(self.on_success)
+        _end(self._api, span, self._token, exc, self._content)
 
 
 def _set_error(api: _Api, span: Span, error_type: str, description: str | None) -> None:
@@ -607,19 +665,36 @@ def _set_error(api: _Api, span: Span, error_type: str, description: str | None) 
     span.set_status(api.Status(api.StatusCode.ERROR, description))
 
 
-def _end(api: _Api, span: Span, token: Token[Context] | None, exc: BaseException | None) -> None:
+def _end(
+    api: _Api, span: Span, token: Token[Context] | None, exc: BaseException | None, content: bool
+) -> None:
     """End *span*, made current with *token*: when *exc* passes through, with an error
     status and type, and (unless it is a cancellation, which is no failure of its own)
-    the exception recorded on the span."""
+    the exception recorded on the span. Without *content*, the exception's message is
+    left out (Runlet's messages may quote arguments or what a person answered): the span
+    keeps its class and the frames it came through."""
     try:
         if exc is not None:
             error_type = _error_type(exc)
             if error_type != "cancelled":
-                span.record_exception(exc)
-            _set_error(api, span, error_type, _describe(exc))
+                span.record_exception(exc, None if content else _without_message(exc))
+            _set_error(api, span, error_type, _describe(exc) if content else _kind(exc))
         span.end()
     finally:
         api.context.detach(token)
+
+
+def _without_message(exc: BaseException) -> dict[str, Any]:
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    note = f"{_kind(exc)} (message not recorded: content capture is off)"
+    return {
+        "exception.message": note,
+        "exception.stacktrace": f"Traceback (most recent call last):\n{frames}{note}",
+    }
+
+
+def _kind(exc: BaseException) -> str:
+    return "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else type(exc).__name__
 
 
 def _links(api: _Api, checkpoint: Any) -> list[Any]:
