@@ -845,6 +845,17 @@ _checkpoint_out = _converter.get_unstructure_hook(Checkpoint)
 _checkpoint_in = _converter.get_structure_hook(Checkpoint)
 
 
+def always_write(cls: type, *names: str) -> None:
+    """Write the fields *names* of *cls* even when they hold their default: a field whose
+    default is computed from another (a list of requests that defaults to the one
+    request) is what readers loop over, so it is always there."""
+    written: dict[str, Any] = {name: override(omit_if_default=False) for name in names}
+    for converter in (_converter, _explainer):
+        converter.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **written)
+        )
+
+
 def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
     """Turn *checkpoint* into JSON-compatible data (for ``json.dumps``).
 

@@ -184,10 +184,12 @@ class HumanResponseConflictError(HumanResponseError):
 
     Attributes:
         checkpoint_id: The checkpoint the resume was given.
-        request_id: The request the refused response answers (``None`` when it names no
-            request of the checkpoint).
-        next_checkpoint_id: The checkpoint where the run waits now, if it waits (the one
-            to resume when *request_id* is still open there).
+        request_id: The request id the refused response names (``None`` if it names
+            none).
+        next_checkpoint_id: Set only when the request is still open at a later checkpoint
+            (the checkpoint was resolved with answers to other requests): resume that
+            checkpoint with this same response. ``None`` otherwise: the request was
+            answered, and the first accepted answer is final.
     """
 
     def __init__(

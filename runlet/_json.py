@@ -12,11 +12,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final, get_args
 
-from ._checkpoint import structure, unstructure
+from ._checkpoint import always_write, structure, unstructure
 from ._errors import CheckpointSerializationError
-from ._events import StreamEvent
+from ._events import Interrupted, StreamEvent
 
 __all__ = ["EVENT_TYPES", "structure_event", "unstructure_event"]
+
+
+always_write(Interrupted, "requests")  # a relay loops over them, one request or several
 
 
 def _tag(cls: type[Any]) -> str:

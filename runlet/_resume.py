@@ -136,10 +136,12 @@ async def _resume(
 
     # 1. Read and check, before claiming anything.
     stored = await durable_store.get(checkpoint_id)
+    if trace is not None:  # the run's id joins the span, whatever happens next
+        trace.found(stored.checkpoint)
     if stored.status == "cancelled":
         raise cancelled_error(checkpoint_id)
     if stored.status == "resolved":
-        return _repeat(checkpoint_id, stored.resolution, responses)
+        return _repeated(trace, _repeat(checkpoint_id, stored.resolution, responses))
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses, stored.records)
     _refuse_conflicts(checkpoint, answers, stored.records)
@@ -153,7 +155,7 @@ async def _resume(
         resolution = exc.resolution
         if not isinstance(resolution, Resolution):
             resolution = (await durable_store.get(checkpoint_id)).resolution
-        return _repeat(checkpoint_id, resolution, responses)
+        return _repeated(trace, _repeat(checkpoint_id, resolution, responses))
     token = claim.token
     deferred: list[Checkpoint] = []
     try:
@@ -198,6 +200,8 @@ async def _resume(
         else:
             await to_the_end(partial(durable_store.release, checkpoint_id, token))
         raise
+    if trace is not None and next_checkpoint is not None:  # saved by the resolve
+        trace.interrupted(next_checkpoint)
     if emit is not None and next_checkpoint is not None:
         await emit(
             Interrupted(next_checkpoint.request, next_checkpoint.id, next_checkpoint.open_requests)
@@ -217,6 +221,8 @@ async def _resume_plain(
     store = loop.store
     assert store is not None
     checkpoint = await store.load(checkpoint_id)
+    if trace is not None:
+        trace.found(checkpoint)
     answers = _decide(loop, agent, checkpoint, responses)
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
@@ -519,8 +525,8 @@ def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> 
     for call in checkpoint.pending_tool_calls:
         if call.id == call_id:
             break
-    if decision.arguments is None or decision.arguments == call.arguments:
-        return call
+    if not decision.edited or decision.arguments is None:
+        return call  # the call as the model made it (the decision holds its JSON form)
     return ToolCall(call.id, call.name, decision.arguments)
 
 
@@ -602,11 +608,20 @@ async def _holding_lease(
         done.set()
         if renewing[0]:  # do not wait for a renewal that is no longer needed
             group.cancel_scope.cancel()
+    if failure and not isinstance(failure[0], Exception):
+        raise failure[0]  # a KeyboardInterrupt or SystemExit goes before all else
     if lost:
         raise lost[0]
     if failure:
         raise failure[0]
     return outcome[0]
+
+
+def _repeated(trace: RunTrace | None, result: RunResult) -> RunResult:
+    """*result*, served again from the stored outcome; marked so on the span."""
+    if trace is not None:
+        trace.repeated(result)
+    return result
 
 
 def _repeat(
@@ -659,7 +674,6 @@ def _repeat(
             "result again.",
             checkpoint_id=checkpoint_id,
             request_id=getattr(response, "request_id", None),
-            next_checkpoint_id=later,
         )
     return resolution.result
 

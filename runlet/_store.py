@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, always_write
 from ._errors import (
     CheckpointCancelledError,
     CheckpointClaimedError,
@@ -164,6 +164,9 @@ class PendingRequest:
             request.created_at,
             checkpoint.open_requests,
         )
+
+
+always_write(PendingRequest, "requests")
 
 
 @runtime_checkable

@@ -151,6 +151,9 @@ async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None
     async with anyio.create_task_group() as group:
         for work in works:
             group.start_soon(_or_stop, work, group.cancel_scope, failures)
+    for failure in failures:  # a KeyboardInterrupt or SystemExit goes before an error
+        if not isinstance(failure, Exception):
+            raise failure
     if failures:
         raise failures[0]
 

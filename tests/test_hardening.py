@@ -494,3 +494,54 @@ async def test_the_interrupted_event_names_every_open_request(resumed: bool) -> 
     assert (3 - resumed) == len(interrupted.requests)
     assert interrupted.request is interrupted.requests[0]
     assert runlet.structure_event(runlet.unstructure_event(interrupted)) == interrupted
+
+
+async def test_the_lists_of_requests_are_always_in_the_json() -> None:
+    # A browser loops over data.requests: it is there with one request as with several.
+    checkpoint = sample_checkpoint("cp_1")
+    pending = runlet.PendingRequest.of(checkpoint)
+    event = runlet.Interrupted(checkpoint.request, checkpoint.id)
+    for data in (runlet.unstructure(pending), runlet.unstructure_event(event)):
+        assert [checkpoint.request.id] == [request["id"] for request in data["requests"]]
+    assert pending == runlet.structure(runlet.unstructure(pending), runlet.PendingRequest)
+    assert event == runlet.structure_event(runlet.unstructure_event(event))
+
+
+async def test_a_keyboard_interrupt_beside_an_error_is_the_one_raised() -> None:
+    # One call fails with an error as the other is interrupted: the interrupt must not be
+    # lost behind the error.
+    from runlet._util import side_by_side
+
+    async def fails() -> None:
+        await anyio.lowlevel.checkpoint()
+        raise RuntimeError("an error")
+
+    async def interrupted() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            raise _Stop  # as Ctrl-C landing while it is cancelled
+
+    with pytest.raises(_Stop):
+        await side_by_side([fails, interrupted])
+
+
+async def test_an_approval_without_edits_runs_the_call_as_the_model_made_it() -> None:
+    seen: list[Any] = []
+
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        seen.append(arguments)
+        return "paid"
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    made = runlet.ToolCall("p1", "pay", {"ids": (1, 2)})
+    agent = runlet.Agent("a", "Pay.", ScriptedModel([made, "Done."]), (tool,))
+    rt = runlet.Runtime(checkpoint_store=runlet.InMemoryCheckpointStore())
+    first = await rt.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    assert first.interruption is not None
+    answer = runlet.HumanResponse(first.interruption.id, "approve")
+    done = await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+    assert [made.arguments] == seen
+    assert seen[0] is made.arguments
+    assert [1, 2] == done.decisions[0].arguments["ids"]  # the record holds JSON's form

@@ -302,15 +302,22 @@ class TestHeaders:
             await model.complete(ModelRequest("", (Message.user("hi"),), (), {}))
         assert ["Bearer gw"] == seen[0].headers.get_list("authorization")
 
-    @pytest.mark.parametrize("key", ["sk-abc\n", "sk-\r\nX-Evil: 1", "sk-é", "sk-\x7f"])
+    @pytest.mark.parametrize(
+        "key", ["sk-abc\n", "sk-\r\nX-Evil: 1", "sk-é", "sk-\x7f", "sk-abc ", "sk-abc\t"]
+    )
     def test_a_value_http_cannot_carry_is_refused_without_showing_it(self, key: str) -> None:
         for adapter in (OpenAIChatModel, AnthropicModel):
-            with pytest.raises(ConfigurationError, match="holds a character") as info:
+            with pytest.raises(ConfigurationError, match="HTTP does not allow") as info:
                 adapter("m", api_key=key)
             assert "sk-" not in str(info.value)
         with pytest.raises(ConfigurationError, match="strings to strings"):
             OpenAIChatModel("m", headers={"x-count": 1})  # type: ignore[dict-item]
         assert "Bearer a\tb" == OpenAIChatModel("m", api_key="a\tb")._headers["authorization"]
+
+    @pytest.mark.parametrize("name", ["X Trace", "Ünïcode", "", "x:y"])
+    def test_a_header_name_http_cannot_carry_is_refused(self, name: str) -> None:
+        with pytest.raises(ConfigurationError, match="is not an HTTP header name"):
+            OpenAIChatModel("m", headers={name: "1"})
 
     @pytest.mark.anyio
     async def test_a_request_that_cannot_be_written_is_not_retried(self) -> None:
@@ -318,13 +325,14 @@ class TestHeaders:
 
         def answer(request: httpx.Request) -> httpx.Response:
             attempts.append(1)
-            raise httpx.LocalProtocolError("Illegal header value")
+            raise httpx.LocalProtocolError("Illegal header value b'Bearer sk-secret '")
 
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
             model = OpenAIChatModel("m", http_client=client, max_retries=3)
             with pytest.raises(ModelError, match="not retried") as info:
                 await model.complete(ModelRequest("", (Message.user("hi"),), (), {}))
         assert not isinstance(info.value, ModelConnectionError)
+        assert "sk-secret" not in str(info.value)  # httpx's message may quote the key
         assert [1] == attempts
 
 

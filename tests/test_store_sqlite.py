@@ -18,6 +18,7 @@ from conftest import BACKENDS
 
 from runlet import (
     CheckpointClaimedError,
+    CheckpointSerializationError,
     ConfigurationError,
     InMemoryCheckpointStore,
     StoreSchemaError,
@@ -110,6 +111,20 @@ async def test_a_file_of_an_unknown_schema_version_is_refused() -> None:
     raw = sqlite3.connect(db_path(), isolation_level=None)
     assert [(99,)] == raw.execute("SELECT version FROM runlet_schema").fetchall()
     raw.close()
+
+
+@pytest.mark.parametrize("text", ['{"id": "cp_1", "vers', "", "not json"])
+async def test_a_row_that_is_not_json_is_a_serialization_error(text: str) -> None:
+    # A row cut short (a disk full, a hand edit): the error a web handler maps to 500,
+    # not a JSONDecodeError, on every read.
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+        raw = sqlite3.connect(db_path(), isolation_level=None)
+        raw.execute("UPDATE runlet_checkpoints SET data = ?", (text,))
+        raw.close()
+        for read in (store.load("cp_1"), store.get("cp_1"), store.list_pending()):
+            with pytest.raises(CheckpointSerializationError, match="stored checkpoint is not JSON"):
+                await read
 
 
 async def test_a_new_file_gets_wal_and_the_tables() -> None:

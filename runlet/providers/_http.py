@@ -13,6 +13,7 @@ import email.utils
 import json
 import math
 import random
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
@@ -384,6 +385,11 @@ async def _run_down(lines: AsyncGenerator[str, None]) -> None:
 _M = TypeVar("_M", bound="HTTPModel")
 
 
+# RFC 9110: a header name is a token; a value is visible ASCII with inner spaces or tabs.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?|")
+
+
 def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:
     """The headers of *layers*, a later layer's value replacing an earlier one's. Names
     compare without regard to case, as HTTP's do, so a caller's ``Authorization`` replaces
@@ -403,14 +409,18 @@ def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:
                     f"HTTP headers must map strings to strings; got {name!r}: "
                     f"{type(value).__name__}."
                 )
-            if not value.isascii() or any(
-                (char < " " and char != "\t") or char == "\x7f" for char in value
-            ):
+            if not _TOKEN.fullmatch(name):
+                raise ConfigurationError(
+                    f"{name!r} is not an HTTP header name: use letters, digits and "
+                    "!#$%&'*+-.^_`|~ only."
+                )
+            if value != value.strip(" \t") or not _FIELD_VALUE.fullmatch(value):
                 # The value itself may be a secret: only its name goes in the message.
                 raise ConfigurationError(
-                    f"The value of HTTP header {name!r} holds a character HTTP does not "
-                    "allow (a control character such as a trailing newline, or a non-ASCII "
-                    "one). Strip it, for instance from an API key read from a file."
+                    f"The value of HTTP header {name!r} holds something HTTP does not allow "
+                    "(a control character such as a newline, a non-ASCII character, or "
+                    "spaces at either end). Strip it, for instance from an API key read "
+                    "from a file."
                 )
             merged[name.lower()] = (name, value)
     return dict(merged.values())
@@ -660,9 +670,13 @@ class HTTPModel:
                 finally:
                     await response.aclose()
             except httpx.LocalProtocolError as exc:
-                # The request could not even be written (a header value HTTP does not
-                # allow): sending it again would fail the same way.
-                raise _not_retried(exc, self.api, self._url) from exc
+                # The request could not even be written: sending it again would fail the
+                # same way. Its message may quote a header, which may hold the key.
+                raise ModelError(
+                    f"The {self.api} request to {self._url} could not be written "
+                    f"({type(exc).__name__}); this is not retried. Check the headers and "
+                    "the api_key given to the adapter."
+                ) from exc
             except httpx.TransportError as exc:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
                 failure: ModelError = ModelConnectionError(

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -57,7 +58,7 @@ from .._store import (
     resolved_error,
     retired_error,
 )
-from .._util import is_seconds
+from .._util import is_seconds, to_the_end
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
@@ -178,8 +179,7 @@ class SQLStore:
             await anyio.to_thread.run_sync(self._open)
         except anyio.get_cancelled_exc_class():
             # The thread finished opening before the cancellation took effect.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._disconnect)
+            await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
             raise
         self._limiter = anyio.CapacityLimiter(self._connections)
         return self
@@ -191,8 +191,7 @@ class SQLStore:
         traceback: TracebackType | None,
     ) -> None:
         self._limiter = None
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._disconnect)
+        await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
 
     def _open(self) -> None:
         self._connect()
@@ -347,9 +346,9 @@ class SQLStore:
             return claim
         except anyio.get_cancelled_exc_class():
             # The thread may have claimed before the cancellation took effect: nobody
-            # holds that token, so give the checkpoint back instead of waiting a lease.
-            with anyio.CancelScope(shield=True):
-                await self.release(checkpoint_id, token)
+            # holds that token, so give the checkpoint back instead of waiting a lease
+            # (to its end, even under asyncio's own Task.cancel()).
+            await to_the_end(partial(self.release, checkpoint_id, token))
             raise
 
     async def renew(self, checkpoint_id: str, token: str) -> None:
@@ -684,12 +683,26 @@ def _nul_error(path: str, store: str, hint: str = "") -> CheckpointSerialization
 
 
 def _checkpoint(text: str) -> Checkpoint:
-    return structure_checkpoint(json.loads(text))
+    return structure_checkpoint(_json(text, "checkpoint"))
 
 
 def _resolution(text: str) -> Resolution:
-    return structure(json.loads(text), Resolution, what="resolution")
+    return structure(_json(text, "resolution"), Resolution, what="resolution")
 
 
 def _records(rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> tuple[CallRecord, ...]:
-    return tuple(structure(json.loads(row[0]), CallRecord, what="record") for row in rows)
+    return tuple(structure(_json(row[0], "record"), CallRecord, what="record") for row in rows)
+
+
+def _json(text: Any, what: str) -> Any:
+    """The data of a stored JSON column: a row that is not JSON (cut short, emptied, or
+    written by something else) is a CheckpointSerializationError, like any stored data
+    that is not what Runlet wrote."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointSerializationError(
+            f"The stored {what} is not JSON ({exc}): it was cut short or written by "
+            "something other than Runlet. It cannot be read.",
+            path=what,
+        ) from None
