@@ -253,10 +253,7 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
         asked = checkpoint.request.tool_call
         if (
             len(in_message) == 1
-            and (
-                in_message[0] is only
-                or (in_message[0].id == only.id and in_message[0].name == only.name)
-            )
+            and (in_message[0] is only or in_message[0] == only)
             and (asked is only or asked == only)
             and checkpoint.request.kind == "approval"
             and not checkpoint.request.options
@@ -279,6 +276,14 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
             _broken(
                 f"pending_tool_calls[{index}]",
                 f"call {call.id!r} ({call.name}) is not in the last assistant message",
+            )
+        if made is not None and made.arguments != call.arguments and not request.outcome_unknown:
+            # Only a call asked about again after an attempt died holds other arguments
+            # than the model gave: the ones a person approved with an edit.
+            _broken(
+                f"pending_tool_calls[{index}].arguments",
+                f"differ from those of call {call.id!r} in the last assistant message, so "
+                "what runs would not be what the model asked for",
             )
         if call.id in seen:
             _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
@@ -946,9 +951,10 @@ def _v1_request(call: Any, request_id: str) -> Any:
     if call.get("name") == "ask_human" and kind in ("choice", "input"):
         request.update(kind=kind, prompt=arguments.get("prompt", ""))
         if kind == "choice":
+            options = arguments.get("options")
             request["options"] = [
                 {key: option[key] for key in ("id", "label", "description") if key in option}
-                for option in arguments.get("options", ())
+                for option in (options if isinstance(options, list) else ())
                 if isinstance(option, Mapping)
             ]
     else:
@@ -1060,7 +1066,19 @@ def structure(data: Any, cls: type[T], *, what: str | None = None) -> T:
             f"structure() needs one class, not the union {cls}; for stream events use "
             "structure_event() on data from unstructure_event(), which names the event type."
         )
-    return _structure(data, cls, what)
+    if cls is Checkpoint:  # with every check a checkpoint gets, and version 1 migrated
+        return structure_checkpoint(data)  # type: ignore[return-value]
+    value = _structure(data, cls, what)
+    if not _is_json_object(value):  # NaN, Infinity, keys that are not strings, ...
+        try:
+            _check_object(value, "")
+        except CheckpointSerializationError as exc:
+            name = what or str(getattr(cls, "__name__", "data"))
+            raise CheckpointSerializationError(
+                f"This data is not a valid {name}: {exc}",
+                path=f"{name}.{exc.path}" if exc.path else name,
+            ) from None
+    return value
 
 
 def _structure(data: Any, cls: type[T], what: str | None) -> T:
@@ -1093,7 +1111,11 @@ def _explain(exc: BaseException, type_: Any) -> str:
         and str(exc).startswith("argument of type")
     ):
         return "expected a JSON object"  # a number or null where an object belongs
-    if isinstance(exc, (KeyError, cattrs.ForbiddenExtraKeysError)) or not str(exc):
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        # Said here: cattrs' own words assume the keys are strings, which JSON's are but
+        # a dict built in Python may not be.
+        return "extra fields found (" + ", ".join(sorted(map(str, exc.extra_fields))) + ")"
+    if isinstance(exc, KeyError) or not str(exc):
         return cattrs.v.format_exception(exc, type_)
     return str(exc)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
@@ -97,7 +98,7 @@ class Runtime:
         self.checkpoint_store: CheckpointStore | None = checkpoint_store
         self.max_turns: int = max_turns
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
-        self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else clock)
+        self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else _aware(clock))
         self._loop.tracing = Tracing(tracer_provider, trace_content)
 
     def __repr__(self) -> str:
@@ -358,6 +359,23 @@ class Runtime:
 
 # The options of a run given none: read-only, so one empty view serves every such run.
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _aware(clock: Clock) -> Clock:
+    """*clock*, checked once now and at every reading: a time without a time zone would
+    be written into checkpoints that could then never be read back."""
+
+    def now() -> datetime:
+        value: object = clock()  # typed, but a user's: checked as anything
+        if not isinstance(value, datetime) or value.utcoffset() is None:
+            raise ConfigurationError(
+                f"clock must return an aware datetime (in UTC), got {value!r}. Use "
+                "datetime.now(timezone.utc), not datetime.utcnow()."
+            )
+        return value
+
+    now()
+    return now
 
 
 async def _name_the_run(span: Any, store: Any, checkpoint_id: str) -> None:

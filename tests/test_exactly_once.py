@@ -800,8 +800,16 @@ async def test_a_checkpoint_that_does_not_hang_together_is_refused_at_resume() -
     swapped = ToolCall("c1", "refund", {"order_id": "999"})
     await store.save(attrs.evolve(checkpoint, pending_tool_calls=(swapped,)))
 
-    with pytest.raises(CheckpointSerializationError, match=r"request\.tool_call"):
+    with pytest.raises(CheckpointSerializationError, match=r"pending_tool_calls\[0\]\.arguments"):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    # Changed in the request too, consistently: what the person reads (the prompt, the
+    # transcript) still says order 1, so it is refused all the same.
+    request = attrs.evolve(checkpoint.request, tool_call=swapped)
+    await store.save(attrs.evolve(checkpoint, pending_tool_calls=(swapped,), request=request))
+    with pytest.raises(CheckpointSerializationError, match="what the model asked for"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    with pytest.raises(CheckpointSerializationError, match="what the model asked for"):
+        structure_checkpoint(unstructure_checkpoint(await store.load(cp(first))))
     assert [] == payments.attempts
 
 
@@ -1481,6 +1489,28 @@ async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
 def test_runtime_refuses_a_clock_that_is_not_callable() -> None:
     with pytest.raises(ConfigurationError, match="clock"):
         Runtime(clock="now")  # type: ignore[arg-type]
+
+
+def test_runtime_refuses_a_clock_without_a_time_zone() -> None:
+    # Its times would go into checkpoints that could never be read back: refused when
+    # the runtime is built, not when a run is lost.
+    with pytest.raises(ConfigurationError, match="aware datetime"):
+        Runtime(clock=lambda: datetime.datetime(2026, 11, 30, 9, 0))
+    with pytest.raises(ConfigurationError, match="aware datetime"):
+        Runtime(clock=lambda: "2026-11-30T09:00:00Z")  # type: ignore[arg-type, return-value]
+
+
+async def test_a_clock_that_loses_its_time_zone_later_stops_the_run_before_it_saves() -> None:
+    readings = iter(
+        [datetime.datetime(2026, 11, 30, 9, 0, tzinfo=UTC), datetime.datetime(2026, 11, 30, 9, 1)]
+    )
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store, clock=lambda: next(readings))
+    model = ScriptedModel([call("refund", id="c1", order_id="1")])
+    agent = agent_with(model, refund_spec(Payments()))
+    with pytest.raises(ConfigurationError, match="aware datetime"):
+        await rt.run(agent, "Refund order 1.")
+    assert [] == await store.list_pending()
 
 
 @pytest.mark.parametrize(

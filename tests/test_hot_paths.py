@@ -159,13 +159,23 @@ def test_a_slot_builder_needs_every_field_and_a_slotted_class() -> None:
 
 def test_parts_that_differ_are_not_shared() -> None:
     # The transcript's first message differs from the run's first message, and the
-    # pending call's arguments from the call in the message: each keeps its own data.
+    # pending call's arguments from the call in the message (as after an edited approval
+    # whose attempt died: the call is asked about again): each keeps its own data.
+    call = ToolCall("call_1", "refund", {"order_id": "7", "amount": 5})
     original = _checkpoint(
         transcript=(
             Message.system("Be very careful."),
             Message.user("Refund order 7."),
             Message.assistant("", (ToolCall("call_1", "refund", {"order_id": "8"}),)),
-        )
+        ),
+        request=HumanRequest(
+            "req_1",
+            "approval",
+            "Refund?",
+            tool_call=call,
+            created_at=utc_now(),
+            outcome_unknown=True,
+        ),
     )
 
     again = structure_checkpoint(_json(original))

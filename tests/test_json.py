@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from pathlib import Path
 from typing import Any, get_args
 
 import attrs
@@ -30,6 +31,7 @@ from strategies import (
     usages,
 )
 
+import runlet
 from runlet import (
     EVENT_TYPES,
     CheckpointSerializationError,
@@ -512,3 +514,42 @@ class TestEventsOverTheWire:
         ]
         lines = [json.dumps(unstructure_event(event)) for event in events]
         assert [structure_event(json.loads(line)) for line in lines] == events
+
+
+# --- structure() refuses what unstructure() would refuse --------------------------------
+
+
+def test_structure_of_a_checkpoint_makes_every_check_structure_checkpoint_makes() -> None:
+    v1 = json.loads((Path(__file__).parent / "data" / "checkpoint-v1.json").read_text())
+    assert runlet.structure(v1, runlet.Checkpoint) == runlet.structure_checkpoint(v1)
+    with pytest.raises(runlet.CheckpointSerializationError) as info:
+        runlet.structure({**v1, "version": 99}, runlet.Checkpoint)
+    assert "version" == info.value.path
+
+
+@pytest.mark.parametrize(
+    ("data", "cls", "path"),
+    [
+        (
+            {"request_id": "r", "action": "approve", "metadata": {"x": float("nan")}},
+            runlet.HumanResponse,
+            "HumanResponse.metadata['x']",
+        ),
+        (
+            {"request_id": "r", "action": "approve", "edited_arguments": {"n": float("inf")}},
+            runlet.HumanResponse,
+            "HumanResponse.edited_arguments['n']",
+        ),
+        ({"id": "c", "name": "t", "arguments": {1: "int key"}}, runlet.ToolCall, None),
+    ],
+)
+def test_structure_refuses_values_json_cannot_hold(data: Any, cls: Any, path: Any) -> None:
+    with pytest.raises(runlet.CheckpointSerializationError) as info:
+        runlet.structure(data, cls)
+    if path is not None:
+        assert path == info.value.path
+
+
+def test_a_key_that_is_not_a_string_is_named_not_a_type_error() -> None:
+    with pytest.raises(runlet.CheckpointSerializationError, match="extra fields found"):
+        runlet.structure({"input_tokens": 1, 7: "seven"}, runlet.Usage)

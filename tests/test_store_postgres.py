@@ -158,6 +158,18 @@ async def _pay(arguments: Any, context: Any) -> str:
     raise AssertionError("never runs")  # pragma: no cover
 
 
+async def test_metadata_with_a_lone_surrogate_is_saved_and_found() -> None:
+    # json.loads accepts "\\ud800" in a request body; PostgreSQL's jsonb does not. The
+    # checkpoint keeps it; the column the filter uses leaves that entry to Python.
+    odd = {"note": "\ud800", "tenant": "acme", "smile": "\U0001f600"}
+    async with pg_store(60.0) as store:
+        await store.save(checkpoint(metadata=odd))
+        assert odd == (await store.load("cp_1")).metadata
+        for wanted in ({"tenant": "acme"}, {"note": "\ud800"}, {"smile": "\U0001f600"}):
+            assert ["cp_1"] == [p.checkpoint_id for p in await store.list_pending(metadata=wanted)]
+        assert [] == await store.list_pending(metadata={"note": "\ud801"})
+
+
 async def test_a_database_of_an_unknown_schema_version_is_refused() -> None:
     conninfo = await schema()
     async with PostgresCheckpointStore(conninfo) as store:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -621,22 +622,28 @@ def _prefilter(wanted: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]] | 
 
 def _indexed(metadata: Mapping[str, Any]) -> str:
     """The metadata column: the run metadata as JSON, without the entries that hold the
-    character U+0000, which PostgreSQL's ``jsonb`` and ``text`` cannot store. The column
-    only serves the pre-filter, which leaves such entries to Python; the checkpoint's
-    data keeps them."""
+    character U+0000 or a lone surrogate (which a JSON body may carry), which PostgreSQL's
+    ``jsonb`` cannot store. The column only serves the pre-filter, which leaves such
+    entries to Python; the checkpoint's data keeps them."""
     text = dumps(metadata)
-    if "\\u0000" not in text:
+    if "\\u0000" not in text and not _LONE_SURROGATE.search(text):
         return text
     return dumps({key: value for key, value in metadata.items() if _indexable(key, value)})
 
 
+# A surrogate escape that is not half of a pair, in json.dumps' ASCII output. A match
+# where there is none (an escaped backslash before "ud800") only leaves an entry to Python.
+_LONE_SURROGATE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
+
+
 def _indexable(key: str, value: Any) -> bool:
-    if "\x00" in key:
-        return False
     try:
-        return "\\u0000" not in dumps(value)
+        text = dumps([key, value])
     except (TypeError, ValueError):  # a filter value JSON cannot hold: Python compares it
         return False
+    return "\\u0000" not in text and not _LONE_SURROGATE.search(text)
 
 
 def dumps(data: Any) -> str:
