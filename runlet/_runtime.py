@@ -361,6 +361,28 @@ class Runtime:
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
+def _the_one_interrupt(raised: BaseException) -> BaseException | None:
+    """The exception in *raised*, an exception group, when it holds one that is not an
+    Exception (beside cancellations, which it caused); else ``None``."""
+    found: list[BaseException] = []
+    cancelled = anyio.get_cancelled_exc_class()
+
+    def walk(exc: BaseException) -> None:
+        inner = getattr(exc, "exceptions", None)
+        if isinstance(inner, tuple) and hasattr(exc, "split"):  # an exception group
+            for each in inner:
+                walk(each)
+        elif not isinstance(exc, cancelled):
+            found.append(exc)
+
+    if not hasattr(raised, "split"):
+        return None
+    walk(raised)
+    if len(found) == 1 and not isinstance(found[0], Exception):
+        return found[0]
+    return None
+
+
 def _aware(clock: Clock) -> Clock:
     """*clock*, checked once now and at every reading: a time without a time zone would
     be written into checkpoints that could then never be read back."""
@@ -495,6 +517,13 @@ class RunStream:
         passed = exc if isinstance(exc, anyio.get_cancelled_exc_class()) else None
         try:
             await group.__aexit__(type(passed) if passed else None, passed, tb if passed else None)
+        except BaseException as raised:
+            # Only a KeyboardInterrupt or SystemExit (or the like) of the run leaves its
+            # task: it comes out as itself, as from run(), not inside an exception group.
+            alone = _the_one_interrupt(raised)
+            if alone is None:
+                raise
+            raise alone from None
         finally:
             self._send.close()
             self._receive.close()

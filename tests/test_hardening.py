@@ -545,3 +545,16 @@ async def test_an_approval_without_edits_runs_the_call_as_the_model_made_it() ->
     assert [made.arguments] == seen
     assert seen[0] is made.arguments
     assert [1, 2] == done.decisions[0].arguments["ids"]  # the record holds JSON's form
+
+
+async def test_a_base_exception_from_a_tool_leaves_a_stream_as_itself() -> None:
+    model = ScriptedModel([call("stop", id="s")])
+    agent = runlet.Agent("a", "Go.", model, _stopping_tools(approve=False))
+
+    async def consume() -> None:
+        async with runlet.Runtime().stream(agent, "Go.") as stream:
+            async for _ in stream:
+                pass
+
+    with pytest.raises(_Stop):  # as run() raises it: not in an exception group
+        await consume()
