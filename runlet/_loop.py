@@ -281,7 +281,7 @@ class Loop:
             run_id=run.run_id,
             agent_name=run.agent.name,
             messages=run.messages,
-            options=dict(run.options),  # a plain dict: a checkpoint pickles and copies
+            options=dict(run.options) if run.options else {},  # a dict: it pickles, copies
             metadata=run.metadata,
             transcript=tuple(run.transcript),
             results=tuple([results[c.id] for c in calls if c.id in results]) if results else (),

@@ -191,9 +191,12 @@ async def _resume(
             decisions=decided, result=result, resolved_at=loop.clock(), expired=responses is None
         )
         next_checkpoint = deferred[0] if deferred else None
-        resolve = partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
-        # Nothing may stop the final write halfway (the in-memory store never yields).
-        await (resolve() if in_memory else to_the_end(resolve))
+        if in_memory:  # it never yields, so nothing can stop it halfway
+            await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
+        else:  # nothing may stop the final write halfway
+            await to_the_end(
+                partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
+            )
     except BaseException:
         if type(durable_store) is InMemoryCheckpointStore:
             await durable_store.release(checkpoint_id, token)
