@@ -91,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             profiler.disable()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
             return
-        from pyinstrument import Profiler
+        try:
+            from pyinstrument import Profiler
+        except ImportError:
+            sys.exit("pip install pyinstrument for the call tree, or use --cprofile.")
 
         with Profiler(interval=0.0001, async_mode="disabled") as sampler:
             await loop()

@@ -36,11 +36,13 @@ import anyio.to_thread
 
 from . import (
     Agent,
+    ConfigurationError,
     HumanRequest,
     HumanResponse,
     InMemoryCheckpointStore,
     Message,
     Model,
+    ModelError,
     ModelRequest,
     Runtime,
     ToolCall,
@@ -271,8 +273,10 @@ def missing_extra(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m runlet.demo``. Returns the exit status: 0, or 2 when
-    the options need a package that is not installed (the message says which)."""
+    """Entry point of ``python -m runlet.demo``. Returns the exit status: 0; 1 when the
+    model cannot be used (no API key, a server that cannot be reached: the message says
+    what is wrong); or 2 when the options need a package that is not installed (the
+    message says which)."""
     args = parse(argv)
     missing = missing_extra(args)
     if missing is not None:
@@ -294,7 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         await demo(make_model(args), ask if interactive else None)
 
     print(f"Runlet demo on {args.backend}, model: {args.provider}")
-    anyio.run(go, backend=args.backend)
+    try:
+        anyio.run(go, backend=args.backend)
+    except (ConfigurationError, ModelError) as error:
+        # A missing API key, a server that cannot be reached: what to do, not a traceback.
+        print(f"The demo stopped: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

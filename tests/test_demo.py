@@ -212,3 +212,17 @@ def test_plain_install_command_line_without_trio_exits_cleanly() -> None:
     assert 2 == done.returncode
     assert "Traceback" not in done.stderr
     assert 'pip install "runlet[trio]"' in done.stderr
+
+
+def test_a_provider_without_a_key_says_so_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (OpenAI-compatible servers may need no key, so only Anthropic refuses to start.)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+
+    assert main(["--yes", "--provider", "anthropic", "--model", "m"]) == 1
+
+    shown = capsys.readouterr()
+    assert "The demo stopped: ConfigurationError" in shown.err
+    assert "API_KEY" in shown.err
+    assert "Traceback" not in shown.err
