@@ -670,7 +670,7 @@ def _repeat(
                 request_id=response.request_id,
                 next_checkpoint_id=later,
             )
-        where = f"; the run now waits at checkpoint {later!r}" if later else ""
+        where = f"; the run went on to checkpoint {later!r}" if later else ""
         raise HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
             f"accepted answer is final){where}. Repeat the original response to get its "

@@ -27,23 +27,23 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import anyio.to_thread
 
 from . import (
     Agent,
-    ConfigurationError,
     HumanRequest,
     HumanResponse,
     InMemoryCheckpointStore,
     Message,
     Model,
-    ModelError,
     ModelRequest,
+    RunletError,
     Runtime,
     ToolCall,
     ToolContext,
@@ -134,7 +134,11 @@ async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
     if ask is None:
         print("  -> approved (answered by the demo: --yes, or no terminal to ask in)")
         return HumanResponse(request.id, "approve")
-    answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower() or "a"
+    while True:  # only a clear yes approves: anything else is asked again
+        answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower() or "a"
+        if answer in ("a", "approve", "y", "yes", "r", "reject", "e", "edit"):
+            break
+        print("  Type a (approve), r (reject) or e (edit).")
     if answer.startswith("r"):
         return HumanResponse(request.id, "reject")
     if answer.startswith("e"):
@@ -186,10 +190,13 @@ async def demo(model: Model, ask: Ask | None) -> str:
     return result.output or ""
 
 
-async def durable_demo(model: Model, ask: Ask | None, path: str, *, mode: str) -> str:
+async def durable_demo(
+    model: Model, ask: Ask | None, path: str, *, mode: str, again: str = ""
+) -> str:
     """The demo with its checkpoints in a SQLite file: ``mode`` is ``"start"`` (run until
     the first question, then stop), ``"answer"`` (answer the runs waiting in the file) or
-    ``"both"``. Returns the last run's final output ("" when none finished)."""
+    ``"both"``. *again* holds the model options to repeat in the command it suggests.
+    Returns the last run's final output ("" when none finished)."""
     from .stores.sqlite import SQLiteCheckpointStore
 
     agent = Agent("support", INSTRUCTIONS, model, (ask_human(), REFUND))
@@ -199,13 +206,15 @@ async def durable_demo(model: Model, ask: Ask | None, path: str, *, mode: str) -
         if mode != "answer":
             print("user: Please refund order 123.")
             started = await runtime.run(agent, "Please refund order 123.")
-            assert started.interruption is not None
+            if started.interruption is None:  # a real model may answer without asking
+                print(f"agent: {started.output}")
+                return started.output or ""
             print(f"[interrupted: {started.interruption.kind}] {started.interruption.prompt}")
             print(f"  (checkpoint {started.checkpoint_id} saved in {path})")
         if mode == "start":
             print(
                 f"Answer it from another process: python -m runlet.demo --store {path} "
-                "--answer-pending"
+                f"--answer-pending{again}"
             )
             return output
         waiting = await store.list_pending(agent_name="support")
@@ -274,9 +283,9 @@ def missing_extra(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m runlet.demo``. Returns the exit status: 0; 1 when the
-    model cannot be used (no API key, a server that cannot be reached: the message says
-    what is wrong); or 2 when the options need a package that is not installed (the
-    message says which)."""
+    demo cannot go on (no API key, a server that cannot be reached, a store file that
+    cannot be opened: the message says what is wrong); 2 when the options need a package
+    that is not installed (the message says which); 130 after Ctrl-C."""
     args = parse(argv)
     missing = missing_extra(args)
     if missing is not None:
@@ -285,14 +294,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     interactive = not args.yes and sys.stdin.isatty()
 
     async def ask(prompt: str) -> str:
-        # input() blocks, so it waits in a worker thread while the event loop goes on.
-        return await anyio.to_thread.run_sync(input, prompt)
+        # input() blocks the event loop, on purpose: nothing else runs while the person
+        # decides, and Ctrl-C stops the demo at once (in a worker thread, it would wait
+        # for Enter and then take the empty answer).
+        return input(prompt)  # noqa: ASYNC250 - see above
 
     async def go() -> None:
         if args.store is not None:
             mode = "start" if args.no_answer else "answer" if args.answer_pending else "both"
             await durable_demo(
-                make_model(args), ask if interactive else None, args.store, mode=mode
+                make_model(args),
+                ask if interactive else None,
+                args.store,
+                mode=mode,
+                again=model_options(args),
             )
             return
         await demo(make_model(args), ask if interactive else None)
@@ -300,11 +315,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Runlet demo on {args.backend}, model: {args.provider}")
     try:
         anyio.run(go, backend=args.backend)
-    except (ConfigurationError, ModelError) as error:
-        # A missing API key, a server that cannot be reached: what to do, not a traceback.
+    except KeyboardInterrupt:
+        print("\nStopped: nothing more was run.", file=sys.stderr)
+        return 130
+    except (RunletError, sqlite3.Error, OSError) as error:
+        # A missing API key, a server that cannot be reached, a store file that cannot
+        # be opened, an answer another process gave first: what happened, not a traceback.
         print(f"The demo stopped: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def model_options(args: argparse.Namespace) -> str:
+    """The command-line options that choose the model, to repeat in a suggested command."""
+    given = [("--backend", args.backend if args.backend != "asyncio" else None)]
+    given += [("--provider", args.provider if args.provider != "scripted" else None)]
+    given += [("--model", args.model), ("--base-url", args.base_url)]
+    return "".join(f" {flag} {shlex.quote(value)}" for flag, value in given if value)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,23 @@ class TestDemo:
         assert output == "Done: order 123 refunded as credit."
         assert 3 == capsys.readouterr().out.count("Type a number from 1 to 2.")
 
+    async def test_an_approval_answer_that_is_not_clear_is_asked_again(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # "no" must never approve a refund.
+        output = await demo(ScriptedModel(scripted_support), answers("1", "no", "n", "r"))
+        assert output == "Understood: I did not issue the refund."
+        assert 2 == capsys.readouterr().out.count("Type a (approve), r (reject) or e (edit).")
+
+    async def test_a_durable_run_the_model_finishes_without_asking_just_ends(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        output = await durable_demo(
+            ScriptedModel(["Nothing to refund."]), None, str(tmp_path / "d.db"), mode="start"
+        )
+        assert output == "Nothing to refund."
+        assert "agent: Nothing to refund." in capsys.readouterr().out
+
     async def test_person_rejects_the_refund(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("1", "r"))
         assert output == "Understood: I did not issue the refund."
@@ -226,3 +243,20 @@ def test_a_provider_without_a_key_says_so_without_a_traceback(
     assert "The demo stopped: ConfigurationError" in shown.err
     assert "API_KEY" in shown.err
     assert "Traceback" not in shown.err
+
+
+def test_the_suggested_command_keeps_the_model_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parse(["--store", "d.db", "--no-answer", "--provider", "openai", "--model", "m x"])
+    assert " --provider openai --model 'm x'" == runlet.demo.model_options(args)
+    assert "" == runlet.demo.model_options(parse(["--store", "d.db", "--no-answer"]))
+
+
+def test_a_store_file_that_cannot_be_opened_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--yes", "--store", str(tmp_path / "no" / "such" / "dir.db")]) == 1
+    shown = capsys.readouterr().err
+    assert "The demo stopped: OperationalError" in shown
+    assert "Traceback" not in shown

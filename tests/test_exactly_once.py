@@ -332,7 +332,7 @@ async def test_an_unknown_request_id_after_the_run_went_on_is_a_conflict() -> No
     assert second.checkpoint_id is not None
 
     with pytest.raises(
-        HumanResponseConflictError, match=f"now waits at checkpoint '{cp(second)}'"
+        HumanResponseConflictError, match=f"went on to checkpoint '{cp(second)}'"
     ) as info:
         await rt.resume(
             agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")

@@ -173,6 +173,34 @@ async def _race_record_and_takeover(
     return (accepted[0] if accepted else None), claims[0]
 
 
+async def _race_cancel_and_claim(
+    store: DurableCheckpointStore, checkpoint_id: str
+) -> tuple[bool, bool]:
+    """Cancel *checkpoint_id* while a claim takes it; returns whether the cancel and
+    whether the claim succeeded."""
+    await store.save(sample_checkpoint(checkpoint_id))
+    won: dict[str, bool] = {"cancel": False, "claim": False}
+
+    async def cancel() -> None:
+        try:
+            await store.cancel(checkpoint_id)
+        except CheckpointClaimedError:
+            return
+        won["cancel"] = True
+
+    async def claim() -> None:
+        try:
+            await store.claim(checkpoint_id)
+        except CheckpointCancelledError:
+            return
+        won["claim"] = True
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(cancel)
+        group.start_soon(claim)
+    return won["cancel"], won["claim"]
+
+
 async def _race_resolve_and_takeover(
     store: DurableCheckpointStore, checkpoint_id: str
 ) -> tuple[bool, bool]:
@@ -513,7 +541,32 @@ def store_conformance_tests(
                 resolved, taken = await _race_resolve_and_takeover(quick, f"cp_{index}")
                 assert resolved != taken, (index, resolved, taken)
 
+        async def test_a_cancel_racing_a_claim_has_one_winner(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A cancel that checks, then writes, lets a claim in between: the resume then
+            # runs the tool on a checkpoint its caller was told is cancelled.
+            for index in range(20):
+                cancelled, claimed = await _race_cancel_and_claim(store, f"cp_{index}")
+                assert cancelled != claimed, (index, cancelled, claimed)
+
         # --- Records and resolution --------------------------------------------------
+
+        async def test_records_belong_to_their_own_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A later checkpoint of the same run may wait on a call with the same id (some
+            # models number calls per message): it must not inherit the other's records.
+            first = sample_checkpoint("cp_1")
+            second = Checkpoint(**{**_fields(first), "id": "cp_2"})
+            await store.save(first)
+            await store.save(second)
+            claim = await store.claim("cp_1")
+            await store.record("cp_1", claim.token, [_record(first)])
+            assert tuple((await store.get("cp_2")).records) == ()
+            assert tuple((await store.claim("cp_2")).records) == ()
+            decided = await store.decisions("run_1")
+            assert [d.checkpoint_id for d in decided] == ["cp_1"]
 
         async def test_one_record_call_keeps_every_record_it_is_given(
             self, store: DurableCheckpointStore
