@@ -366,9 +366,7 @@ class RunTrace:
         span = self.span
         if span is None:  # pragma: no cover - called inside the span
             return
-        run_id = checkpoint.run_id
-        self._common[RUN_ID] = self._common[CONVERSATION] = run_id
-        span.set_attributes({RUN_ID: run_id, CONVERSATION: run_id})
+        self.found(checkpoint)
         for link in _links(self._api, checkpoint):
             span.add_link(link.context, link.attributes)
         span.set_attribute(HUMAN_DECISION_COUNT, len(decisions))
