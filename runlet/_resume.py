@@ -158,10 +158,10 @@ async def _resume(
         return _repeated(trace, _repeat(checkpoint_id, resolution, responses))
     token = claim.token
     deferred: list[Checkpoint] = []
+    in_memory = type(durable_store) is InMemoryCheckpointStore
     try:
         record: Record = partial(durable_store.record, checkpoint_id, token)
         record_result = record
-        in_memory = type(durable_store) is InMemoryCheckpointStore
         if not in_memory:
             # A store that yields could be stopped by a cancellation that came while a
             # handler ran: its result must still be recorded. (The in-memory store never
@@ -198,7 +198,7 @@ async def _resume(
                 partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
             )
     except BaseException:
-        if type(durable_store) is InMemoryCheckpointStore:
+        if in_memory:
             await durable_store.release(checkpoint_id, token)
         else:
             await to_the_end(partial(durable_store.release, checkpoint_id, token))
