@@ -357,8 +357,10 @@ def _accept(
         except CheckpointSerializationError as exc:
             raise HumanResponseError(f"HumanResponse {exc}") from None
     # As the store gives it back (tuples as lists), so a retry with this same response
-    # compares equal to the recorded decision.
-    return _decision(checkpoint, request, "approve", now, response, json_form(arguments))
+    # compares equal to the recorded decision. The call's own arguments are the
+    # checkpoint's, which nothing changes: they need no copy.
+    form = json_form(arguments, shared=edited is None)
+    return _decision(checkpoint, request, "approve", now, response, form)
 
 
 def _decision(
@@ -381,7 +383,9 @@ def _decision(
         arguments=arguments,
         edited=response is not None and response.edited_arguments is not None,
         responded_by=None if response is None else response.responded_by,
-        metadata=None if response is None else json_form(response.metadata),
+        metadata=None
+        if response is None or response.metadata is None
+        else json_form(response.metadata),
         decided_at=now,
     )
 

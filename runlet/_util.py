@@ -126,16 +126,23 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def json_form(value: Any) -> Any:
+def json_form(value: Any, *, shared: bool = False) -> Any:
     """*value* as it reads back from JSON: tuples (and other sequences of the JSON
     check) as lists, every mapping a dict. A decision holds what a person gave in this
-    form, so an answer repeated after a store's JSON round trip compares equal."""
+    form, so an answer repeated after a store's JSON round trip compares equal.
+
+    A flat dict (scalars only) comes back as a copy, unless *shared*: then it is
+    returned itself, for a dict Runlet made and never changes (a checkpoint's call
+    arguments), which saves the copy on every approval."""
     kind = type(value)
+    if kind is dict:
+        for item in value.values():
+            if type(item) not in _SCALARS:
+                return {key: json_form(item) for key, item in value.items()}
+        return value if shared else dict(value)  # the common case: flat arguments
     if kind in _SCALARS:
         return value
     if isinstance(value, Mapping):
-        if kind is dict and all(type(item) in _SCALARS for item in value.values()):
-            return dict(value)  # the common case: flat arguments or metadata
         return {key: json_form(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_form(item) for item in value]
