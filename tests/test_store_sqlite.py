@@ -7,6 +7,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,51 @@ async def test_a_cancelled_claim_leaves_the_checkpoint_claimable() -> None:
         finally:
             blocker.close()
         assert scope.cancelled_caught
+        assert "pending" == (await store.get("cp_1")).status
+        await store.claim("cp_1")
+
+
+async def test_a_claim_cancelled_natively_twice_still_gives_the_checkpoint_back(
+    anyio_backend: str,
+) -> None:
+    """The backend's own cancellation (on asyncio ``Task.cancel()``, which goes through
+    anyio's shields) lands while the claim's thread runs, and again as the store starts
+    to give the claim back: the release still runs to its end."""
+    from test_exactly_once import _NativeCancel
+
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+        started = threading.Event()
+        take = store._take
+
+        def spy() -> sqlite3.Connection:
+            conn = take()
+            started.set()
+            return conn
+
+        store._take = spy  # type: ignore[method-assign]
+        native = _NativeCancel(anyio_backend)
+        release = store.release
+        released: list[str] = []
+
+        async def release_cancelled_again(checkpoint_id: str, token: str) -> None:
+            native.cancel()  # a second cancellation, before the release's thread starts
+            await release(checkpoint_id, token)
+            released.append(checkpoint_id)
+
+        store.release = release_cancelled_again  # type: ignore[method-assign]
+        blocker = sqlite3.connect(db_path(), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the claim's thread waits for this lock
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(native.run, partial(store.claim, "cp_1"))
+                await anyio.to_thread.run_sync(started.wait)
+                native.cancel()  # takes effect once the thread has claimed
+                blocker.execute("COMMIT")
+        finally:
+            blocker.close()
+        assert native.cancelled
+        assert ["cp_1"] == released
         assert "pending" == (await store.get("cp_1")).status
         await store.claim("cp_1")
 
