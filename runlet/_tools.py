@@ -384,11 +384,13 @@ class ToolSpec:
         kind = type(value)
         if kind is str:
             return value, False
+        if isinstance(value, str):  # a str subclass, such as a StrEnum member: its text
+            return str.__str__(value), False
         try:
             if kind is int:  # what the encoder would write, without its layers
                 return int.__repr__(value), False
             return _encode(value), False
-        except (TypeError, ValueError) as exc:  # too many digits, NaN, not JSON at all
+        except (TypeError, ValueError, RecursionError) as exc:  # NaN, too deep, not JSON
             return (
                 f"Tool {self.name!r} returned a value of type {type(value).__name__} that "
                 f"is not JSON: "

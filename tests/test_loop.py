@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import threading
 from collections.abc import Mapping
@@ -406,6 +407,34 @@ class TestErrorResults:
         result, _ = await self.run_one(call("weird", id="c1"), tool("weird", weird))
         assert result.is_error
         assert "not JSON" in result.content
+
+    async def test_value_nested_deeper_than_json_can_write(self) -> None:
+        async def deep(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+            value: list[Any] = []
+            for _ in range(5_000):
+                value = [value]
+            return value
+
+        result, _ = await self.run_one(call("deep", id="c1"), tool("deep", deep))
+        assert result.is_error
+        assert "returned a value of type list that is not JSON" in result.content
+
+    async def test_a_str_subclass_goes_to_the_model_as_its_text(self) -> None:
+        class Status(str, enum.Enum):
+            SHIPPED = "shipped"
+
+        class Note(str):
+            def __str__(self) -> str:
+                return "something else"
+
+        for value in (Status.SHIPPED, Note("a note")):
+
+            async def returns(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+                return value  # noqa: B023 - awaited within this iteration
+
+            result, _ = await self.run_one(call("s", id="c1"), tool("s", returns))
+            assert ToolResult("c1", str.__str__(value)) == result
+            assert type(result.content) is str
 
     async def test_arguments_that_are_not_an_object(self) -> None:
         bad = ToolCall("c1", "add", [1, 2])  # type: ignore[arg-type]
