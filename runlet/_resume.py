@@ -357,10 +357,8 @@ def _accept(
         except CheckpointSerializationError as exc:
             raise HumanResponseError(f"HumanResponse {exc}") from None
     # As the store gives it back (tuples as lists), so a retry with this same response
-    # compares equal to the recorded decision. The call's own arguments are the
-    # checkpoint's, which nothing changes: they need no copy.
-    form = json_form(arguments, shared=edited is None)
-    return _decision(checkpoint, request, "approve", now, response, form)
+    # compares equal to the recorded decision.
+    return _decision(checkpoint, request, "approve", now, response, json_form(arguments))
 
 
 def _decision(

@@ -126,20 +126,17 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def json_form(value: Any, *, shared: bool = False) -> Any:
+def json_form(value: Any) -> Any:
     """*value* as it reads back from JSON: tuples (and other sequences of the JSON
-    check) as lists, every mapping a dict. A decision holds what a person gave in this
-    form, so an answer repeated after a store's JSON round trip compares equal.
-
-    A flat dict (scalars only) comes back as a copy, unless *shared*: then it is
-    returned itself, for a dict Runlet made and never changes (a checkpoint's call
-    arguments), which saves the copy on every approval."""
+    check) as lists, every mapping a dict, each a new copy. A decision holds what a person
+    gave in this form, so an answer repeated after a store's JSON round trip compares
+    equal, and a handler that changes its arguments in place cannot change the record."""
     kind = type(value)
     if kind is dict:
         for item in value.values():
             if type(item) not in _SCALARS:
                 return {key: json_form(item) for key, item in value.items()}
-        return value if shared else dict(value)  # the common case: flat arguments
+        return dict(value)  # the common case: flat arguments or metadata
     if kind in _SCALARS:
         return value
     if isinstance(value, Mapping):
@@ -155,22 +152,33 @@ async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None
     and as much a ``KeyboardInterrupt`` or ``SystemExit``. Cancellation goes on as
     cancellation."""
     failures: list[BaseException] = []
+    stray: list[BaseException] = []
     async with anyio.create_task_group() as group:
         for work in works:
-            group.start_soon(_or_stop, work, group.cancel_scope, failures)
+            group.start_soon(_or_stop, work, group.cancel_scope, failures, stray)
     for failure in failures:  # a KeyboardInterrupt or SystemExit goes before an error
         if not isinstance(failure, Exception):
             raise failure
     if failures:
         raise failures[0]
+    if stray:
+        # A work raised the cancellation exception though nothing here was cancelled
+        # (on asyncio, a handler that awaited a future someone else cancelled). The task
+        # group lets it pass silently; raise it, as one work alone would have.
+        raise stray[0]
 
 
 async def _or_stop(
-    work: Callable[[], Awaitable[object]], scope: anyio.CancelScope, failures: list[BaseException]
+    work: Callable[[], Awaitable[object]],
+    scope: anyio.CancelScope,
+    failures: list[BaseException],
+    stray: list[BaseException],
 ) -> None:
     try:
         await work()
-    except anyio.get_cancelled_exc_class():
+    except anyio.get_cancelled_exc_class() as exc:
+        if not scope.cancel_called:
+            stray.append(exc)
         raise
     except BaseException as exc:  # noqa: BLE001 - raised by side_by_side, as itself
         failures.append(exc)

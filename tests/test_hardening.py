@@ -468,6 +468,50 @@ async def test_a_base_exception_from_an_approved_tool_comes_out_as_itself(
     assert "pending" == (await store.get(first.checkpoint_id)).status
 
 
+async def _stray_cancellation(arguments: Mapping[str, Any], context: ToolContext) -> str:
+    # The cancellation exception, raised where nothing is being cancelled (on asyncio, a
+    # handler that awaited a future someone else cancelled does this).
+    caught: list[BaseException] = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class() as exc:
+            caught.append(exc)
+            raise
+    raise caught[0]
+
+
+@pytest.mark.parametrize("resume", [False, True])
+async def test_a_stray_cancellation_from_one_of_several_tools_comes_out_as_itself(
+    resume: bool,
+) -> None:
+    # The task group lets a child's stray cancellation pass silently; the run then went
+    # on without that call's result and failed with a KeyError.
+    async def fine(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "fine"
+
+    schema = {"type": "object"}
+    tools = (
+        ToolSpec("stray", "Stray.", schema, _stray_cancellation, requires_approval=resume),
+        ToolSpec("fine", "Fine.", schema, fine, requires_approval=resume),
+    )
+    model = ScriptedModel([[call("stray", id="s"), call("fine", id="f")], "Done."])
+    agent = runlet.Agent("a", "Go.", model, tools)
+    store = runlet.InMemoryCheckpointStore()
+    rt = runlet.Runtime(checkpoint_store=store)
+    if not resume:
+        with pytest.raises(anyio.get_cancelled_exc_class()):
+            await rt.run(agent, "Go.")
+        return
+    first = await rt.run(agent, "Go.")
+    assert first.checkpoint_id is not None
+    answers = [runlet.HumanResponse(r.id, "approve") for r in first.pending_requests]
+    with pytest.raises(anyio.get_cancelled_exc_class()):
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, responses=answers)
+    assert "pending" == (await store.get(first.checkpoint_id)).status
+
+
 @pytest.mark.parametrize("resumed", [False, True])
 async def test_the_interrupted_event_names_every_open_request(resumed: bool) -> None:
     # A relay that shows the browser what the event says must show every approval of
@@ -558,3 +602,34 @@ async def test_a_base_exception_from_a_tool_leaves_a_stream_as_itself() -> None:
 
     with pytest.raises(_Stop):  # as run() raises it: not in an exception group
         await consume()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+async def test_a_handler_that_changes_its_arguments_leaves_the_decision_as_approved(
+    nested: bool,
+) -> None:
+    # Handlers should treat their arguments as read-only; one that does not must still
+    # not rewrite the audit trail of what the person approved.
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        changing: Any = arguments
+        if nested:
+            changing["to"].append("mallory")
+        else:
+            changing["to"] = "mallory"
+        return "paid"
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    to: Any = ["bob"] if nested else "bob"
+    model = ScriptedModel([[call("pay", id="p", to=to)], "Done."])
+    agent = runlet.Agent("a", "Pay.", model, (tool,))
+    store = runlet.InMemoryCheckpointStore()
+    rt = runlet.Runtime(checkpoint_store=store)
+    first = await rt.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    assert first.interruption is not None
+    answer = runlet.HumanResponse(first.interruption.id, "approve")
+    result = await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+    approved = {"to": ["bob"] if nested else "bob"}
+    (decision,) = result.decisions
+    assert approved == decision.arguments
+    assert [approved] == [d.arguments for d in await store.decisions(first.run_id)]
