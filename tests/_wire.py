@@ -78,11 +78,17 @@ def _check_openai_message(message: Any, open_calls: set[str]) -> list[str]:
         ok = isinstance(message.get("content"), str) and set(message) == {"role", "content"}
         return [] if ok else [f"bad {role} message {message!r}"]
     if role == "assistant":
+        # DeepSeek's reasoning_content goes back with the turns that made tool calls.
+        allowed = {"role", "content", "tool_calls"}
+        if message.get("tool_calls"):
+            allowed.add("reasoning_content")
         problems = [
             f"assistant message key {key!r} is not part of a Chat Completions request"
             for key in message
-            if key not in {"role", "content", "tool_calls"}
+            if key not in allowed
         ]
+        if "reasoning_content" in message and not isinstance(message["reasoning_content"], str):
+            problems.append("reasoning_content is not a string")
         if not isinstance(message.get("content"), (str, type(None))):
             problems.append("assistant content is not a string or null")
         for call in message.get("tool_calls", []):

@@ -875,26 +875,34 @@ class TestReasoning:
         assert "".join(item.text for item in deltas if isinstance(item, TextDelta)) == "Paris."
         assert final.message.reasoning == (ReasoningPart("France's capital...", provider="openai"),)
 
-    async def test_never_sent_back(self, server: ModelServer) -> None:
-        # The server's checker refuses any key but role, content and tool_calls in an
-        # assistant message, as DeepSeek refuses reasoning_content.
+    async def test_sent_back_with_the_turns_that_called_tools(self, server: ModelServer) -> None:
+        # DeepSeek's thinking mode answers 400 when a tool-calling turn comes back without
+        # its reasoning_content. Only this adapter's own parts go, and (the server's
+        # checker refuses it there) never with a plain answer.
         server.reply(Reply(json=openai_completion("ok")))
         call = ToolCall("c1", "weather", {"city": "Oslo"})
         reasoning = [
-            ReasoningPart("mine", provider="openai"),
+            ReasoningPart("Look it up. ", provider="openai"),
             ReasoningPart("Claude's", signature="sig", provider="anthropic"),
             ReasoningPart(redacted_data="E==", provider="anthropic"),
+            ReasoningPart("Then answer.", provider="openai"),
         ]
         transcript = (
             Message.user("Weather?"),
             Message.assistant("Checking.", [call], reasoning=reasoning),
             Message.tool(ToolResult("c1", "Sunny")),
+            Message.assistant("Sunny in Oslo.", reasoning=reasoning),
+            Message.user("And tomorrow?"),
+            Message.assistant("", [ToolCall("c2", "weather", {"city": "Oslo"})]),
+            Message.tool(ToolResult("c2", "Rain")),
         )
         async with make(server) as model:
             await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
-        assert server.bodies[0]["messages"][1] == {
+        sent = server.bodies[0]["messages"]
+        assert sent[1] == {
             "role": "assistant",
             "content": "Checking.",
+            "reasoning_content": "Look it up. Then answer.",
             "tool_calls": [
                 {
                     "id": "c1",
@@ -903,6 +911,8 @@ class TestReasoning:
                 }
             ],
         }
+        assert {"role": "assistant", "content": "Sunny in Oslo."} == sent[3]
+        assert "reasoning_content" not in sent[5]  # no reasoning of its own
 
 
 # -- cached prompt tokens -------------------------------------------------------------------
@@ -1064,4 +1074,7 @@ async def test_reasoning_and_cached_tokens_through_checkpoint_json(server: Model
         )
     assert resumed.output == "Order 123 is refunded."
     assert resumed.usage == Usage(2500, 36, 2, cache_read_tokens=2176)
-    assert "reasoning" not in json.dumps(server.bodies[1]["messages"])
+    # The reasoning came back from the checkpoint with the turn that called the tool, as
+    # DeepSeek's thinking mode needs it after an approval.
+    (calling,) = [m for m in server.bodies[1]["messages"] if m.get("tool_calls")]
+    assert "Refunds need approval." == calling["reasoning_content"]

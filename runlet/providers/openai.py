@@ -78,7 +78,8 @@ several adapters; send anything else with ``extra_body``."""
 
 PROVIDER = "openai"
 """The :attr:`~runlet.ReasoningPart.provider` of the reasoning :class:`OpenAIChatModel`
-keeps (from ``reasoning_content`` or ``reasoning``). It sends no reasoning back."""
+keeps (from ``reasoning_content`` or ``reasoning``). It sends such reasoning back only
+with the assistant turns that made tool calls, as ``reasoning_content``."""
 
 _API = "OpenAI Chat Completions"
 _ERROR_PREFIX = "Error: "
@@ -118,9 +119,10 @@ class OpenAIChatModel(HTTPModel):
     Reasoning text that compatible servers return (``reasoning_content`` from DeepSeek
     and older vLLM, ``reasoning`` from newer vLLM and OpenRouter) becomes the message's
     :attr:`~runlet.Message.reasoning` (with :attr:`~runlet.ReasoningPart.provider`
-    ``"openai"``) and streams as :class:`~runlet.ReasoningDelta`. It is never sent back:
-    these servers refuse or ignore it in requests. Neither is reasoning from other
-    providers.
+    ``"openai"``) and streams as :class:`~runlet.ReasoningDelta`. It goes back as
+    ``reasoning_content`` with the assistant turns that made tool calls, where DeepSeek's
+    thinking mode requires it (other servers ignore it), and never with a plain answer.
+    Reasoning from other providers is never sent.
 
     Use it as ``async with OpenAIChatModel(...) as model:``, or call :meth:`aclose`
     when done, to close the HTTP client it creates. A client passed as ``http_client``
@@ -252,13 +254,19 @@ def _messages(request: ModelRequest) -> list[dict[str, Any]]:
 
 
 def _message(message: Message) -> dict[str, Any]:
-    # An assistant message's reasoning stays out: DeepSeek refuses a request that
-    # carries reasoning_content, and the others ignore it.
     if message.role == "assistant":
         # content may be null only beside tool_calls: an empty answer goes as "".
         content = message.content or (None if message.tool_calls else "")
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if message.tool_calls:
+            # DeepSeek's thinking mode refuses a later request whose tool-calling turns
+            # lack their reasoning_content; with a plain answer it is ignored, so it is
+            # left out there (and other servers ignore it).
+            reasoning = "".join(
+                part.text for part in message.reasoning if part.provider == PROVIDER
+            )
+            if reasoning:
+                entry["reasoning_content"] = reasoning
             entry["tool_calls"] = [
                 {
                     "id": call.id,
