@@ -92,6 +92,20 @@ async def collect_into(seen: list[Any], model: AnthropicModel, request: ModelReq
 
 
 class TestComplete:
+    async def test_a_lone_surrogate_goes_as_the_replacement_character(
+        self, server: ModelServer
+    ) -> None:
+        server.reply(Reply(json=anthropic_message("Found it.")))
+        turn = Message.assistant("", (ToolCall("toolu_1", "ls", {}),))
+        result = Message.tool(ToolResult("toolu_1", "caf\udce9.txt"))
+        async with make(server) as model:
+            response = await model.complete(
+                ModelRequest("", (Message.user("Ls."), turn, result), (), {})
+            )
+        assert "Found it." == response.message.content
+        (block,) = server.requests[0].body["messages"][2]["content"]
+        assert "caf\ufffd.txt" == block["content"]
+
     async def test_whitespace_only_text_is_not_sent_back(self, server: ModelServer) -> None:
         # A model may answer "\n\n" beside its tool calls; the API refuses a text block
         # of whitespace, so the next request of the tool loop leaves it out.

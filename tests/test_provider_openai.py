@@ -93,6 +93,21 @@ async def collect_into(seen: list[Any], model: OpenAIChatModel, request: ModelRe
 
 
 class TestComplete:
+    async def test_a_lone_surrogate_goes_as_the_replacement_character(
+        self, server: ModelServer
+    ) -> None:
+        # A file name from os.listdir() that was not UTF-8 holds one; UTF-8 cannot carry
+        # it, and failing would fail every later request of the run.
+        server.reply(Reply(json=openai_completion("Found it.")))
+        turn = Message.assistant("", (ToolCall("c1", "ls", {}),))
+        result = Message.tool(ToolResult("c1", "caf\udce9.txt \ud83d\ude00 \U0001f600"))
+        async with make(server) as model:
+            response = await model.complete(
+                ModelRequest("", (ask().messages[0], turn, result), (), {})
+            )
+        assert "Found it." == response.message.content
+        assert "caf\ufffd.txt \ufffd\ufffd \U0001f600" == server.bodies[0]["messages"][2]["content"]
+
     async def test_plain_answer(self, server: ModelServer) -> None:
         server.reply(Reply(json=openai_completion("Hello!", usage=(12, 3))))
         async with make(server) as model:
@@ -345,6 +360,12 @@ class TestErrorsAndRetries:
             (422, {"message": "bad field", "detail": "x"}, "bad field", ""),
             (400, {"error": "", "detail": "empty error"}, "empty error", ""),
             (403, "plain text", "plain text", "Check the API key"),
+            (  # Gemini's OpenAI-compatible endpoint
+                400,
+                [{"error": {"code": 400, "message": "Bad payload.", "status": "INVALID_ARGUMENT"}}],
+                "Bad payload.",
+                "",
+            ),
         ],
     )
     async def test_error_bodies_of_compatible_servers(
@@ -524,6 +545,46 @@ class TestStreaming:
             ToolCall("b", "weather", {"city": "Rome"}),
         ]
         assert items[-1] == ModelResponse(Message.assistant("", calls), Usage(requests=1))
+
+    async def test_stream_without_indexes_repeating_the_id_on_every_piece(
+        self, server: ModelServer
+    ) -> None:
+        def piece(call_id: str, **function: str) -> str:
+            return openai_chunk({"tool_calls": [{"id": call_id, "function": function}]})
+
+        events = (
+            piece("a", name="weather", arguments='{"city":'),
+            piece("a", arguments=' "Oslo"}'),
+            piece("b", name="weather", arguments='{"city": "Rome"}'),
+            piece("b", arguments=""),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        calls = [
+            ToolCall("a", "weather", {"city": "Oslo"}),
+            ToolCall("b", "weather", {"city": "Rome"}),
+        ]
+        assert calls == list(items[-1].message.tool_calls)
+        assert [0, 0, 1, 1] == [i.index for i in items if isinstance(i, ToolCallDelta)]
+
+    async def test_stream_arguments_that_are_not_a_string(self, server: ModelServer) -> None:
+        # complete() refuses the same answer; the stream must not hand out a delta whose
+        # arguments are a dict and then fail with a TypeError.
+        function = {"name": "weather", "arguments": {"city": "Oslo"}}
+        events = (
+            openai_chunk({"tool_calls": [{"index": 0, "id": "a", "function": function}]}),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        seen: list[Any] = []
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="as dict, not as a string"):
+                await collect_into(seen, model, ask())
+        assert [] == seen
 
     async def test_stream_ended_by_done_without_a_finish_reason(self, server: ModelServer) -> None:
         events = (

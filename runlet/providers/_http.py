@@ -80,6 +80,9 @@ _TAIL_SECONDS = 1.0
 # How much of an unparseable error body goes into an exception message.
 _SNIPPET = 500
 
+# A surrogate code point on its own, which UTF-8 cannot encode.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """The wait a response asks for, in seconds, or ``None`` when it asks for none.
@@ -269,13 +272,16 @@ def _error_message(response: httpx.Response) -> str:
 
     OpenAI and Anthropic put it in ``error.message``; OpenAI-compatible servers vary
     (``{"error": "..."}`` from Ollama, ``{"message": ...}`` or ``{"detail": ...}`` from
-    others). Anything else is quoted as sent.
+    others, and Gemini's OpenAI-compatible endpoint wraps OpenAI's shape in a list).
+    Anything else is quoted as sent.
     """
     text = response.text
     try:
         data = json.loads(text)
     except ValueError:
         data = None
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -641,12 +647,20 @@ class HTTPModel:
     def _encode(self, request: ModelRequest, *, stream: bool) -> bytes:
         body = {**self._body(request, stream=stream), **self._extra_body}
         try:
-            return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+            text = json.dumps(body, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ModelError(
                 f"The {self.api} request cannot be sent as JSON: {sentence(str(exc))} Keep "
                 "the values in options and extra_body JSON-compatible."
             ) from exc
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate, which no UTF-8 text can hold: a str made from bytes that
+            # were not UTF-8 (a file name from os.listdir(), say), in a tool result or a
+            # message. Every later request of the run would carry it, so rather than fail
+            # each of them, it goes as U+FFFD, the replacement character.
+            return _LONE_SURROGATE.sub("\ufffd", text).encode()
 
     async def _send(self, content: bytes, *, stream: bool) -> httpx.Response:
         """POST *content*, retrying what may succeed later; return a 2xx response

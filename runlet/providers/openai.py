@@ -438,15 +438,26 @@ class _Stream:
             items.append(TextDelta(text))
         for piece in delta.get("tool_calls") or ():
             index = piece.get("index")
-            if index is None:  # a few servers omit it: a new id starts a new call
-                index = len(self._calls) if piece.get("id") or not self._calls else self._last
+            call_id = piece.get("id")
+            if index is None:
+                # A few servers omit it: an id other than the current call's starts a new
+                # call (some repeat the id on every piece of one call).
+                current = self._calls.get(self._last)
+                new = current is None or (call_id and call_id != current.id)
+                index = len(self._calls) if new else self._last
             partial = self._calls.get(index)
             if partial is None:
                 partial = self._calls[index] = _PartialCall(len(self._calls))
             self._last = index
             function = piece.get("function") or {}
-            call_id, name = piece.get("id"), function.get("name")
+            name = function.get("name")
             arguments = function.get("arguments") or ""
+            if not isinstance(arguments, str):
+                raise ModelResponseError(
+                    f"The {_API} stream sent the arguments of tool call {partial.ordinal} as "
+                    f"{type(arguments).__name__}, not as a string of JSON. Check that the "
+                    f"server really implements the {_API} API."
+                )
             if call_id:
                 partial.id = call_id
             if name:
