@@ -207,9 +207,14 @@ class HumanResponseConflictError(HumanResponseError):
 
 
 class HumanRequestExpiredError(HumanResponseError):
-    """Raised when a response arrives after the request's ``expires_at``. The checkpoint is
-    kept: record the expiry with :meth:`~runlet.Runtime.expire` (the model then learns
-    nobody answered) or retire it with :meth:`~runlet.Runtime.cancel`.
+    """Raised when a response arrives after the request expired: after its
+    ``expires_at``, or after :meth:`~runlet.Runtime.expire` gave up on it (whether or not
+    it had a deadline).
+
+    Past the deadline and before any ``expire()``, the checkpoint is kept: record the
+    expiry with :meth:`~runlet.Runtime.expire` (the model then learns nobody answered) or
+    retire it with :meth:`~runlet.Runtime.cancel`. After ``expire()``, the run has
+    already gone on without the answer.
 
     Attributes:
         checkpoint_id: The checkpoint the resume was given.
