@@ -29,6 +29,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, Tracing, cancel_span, run_span
+from ._util import own_copy
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -347,10 +348,12 @@ class Runtime:
             run_id=new_id("run"),
             messages=messages,
             transcript=list(messages),
-            # Each run gets its own copies, so nothing one run (or its model adapter)
-            # does to them reaches another run or the caller's dicts.
-            options=_NO_OPTIONS if options is None else MappingProxyType(dict(options)),
-            metadata={} if metadata is None else dict(metadata),
+            # Each run gets its own copies, nested lists and dicts included, so nothing
+            # one run (or its model adapter) does to them reaches another run or the
+            # caller's dicts, and a change the caller makes later does not reach a
+            # checkpoint kept in memory.
+            options=_NO_OPTIONS if options is None else MappingProxyType(own_copy(options)),
+            metadata={} if metadata is None else own_copy(metadata),
             usage=ZERO_USAGE,
             turns=0,
             emit=emit,

@@ -146,6 +146,27 @@ def json_form(value: Any) -> Any:
     return value
 
 
+def own_copy(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A dict copy of *mapping* in which every nested dict, list and tuple is copied too
+    (other values are shared); a flat mapping costs no more than ``dict()``."""
+    copy = dict(mapping)
+    for key, value in mapping.items():
+        if type(value) not in _SCALARS:
+            copy[key] = _copied(value)
+    return copy
+
+
+def _copied(value: Any) -> Any:
+    kind = type(value)
+    if kind is list:
+        return [_copied(item) for item in value]
+    if kind is tuple:
+        return tuple([_copied(item) for item in value])
+    if isinstance(value, Mapping):
+        return own_copy(value)
+    return value
+
+
 async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None:
     """Await every one of *works* at once. The first to fail stops the others, and its
     exception is raised as itself, never inside an exception group: an ordinary error,

@@ -633,3 +633,33 @@ async def test_a_handler_that_changes_its_arguments_leaves_the_decision_as_appro
     (decision,) = result.decisions
     assert approved == decision.arguments
     assert [approved] == [d.arguments for d in await store.decisions(first.run_id)]
+
+
+async def test_a_change_to_the_caller_s_nested_metadata_does_not_reach_the_run() -> None:
+    # The durable stores keep JSON, so a later change to the caller's dicts cannot reach
+    # their checkpoints; the in-memory store keeps objects, so the run takes its own.
+    seen: list[Any] = []
+
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        seen.append(copy.deepcopy(dict(context.metadata)))
+        return "paid"
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    agent = runlet.Agent("a", "Pay.", ScriptedModel([[call("pay", id="p")], "Done."]), (tool,))
+    store = runlet.InMemoryCheckpointStore()
+    rt = runlet.Runtime(checkpoint_store=store)
+    metadata: dict[str, Any] = {"customer": {"id": "c_1", "tags": ["vip"]}, "pair": ([1],)}
+    options: dict[str, Any] = {"extra": {"tags": ["a"]}}
+    first = await rt.run(agent, "Pay.", metadata=metadata, options=options)
+    metadata["customer"]["id"] = "c_2"
+    metadata["customer"]["tags"].append("changed")
+    metadata["pair"][0].append(2)
+    options["extra"]["tags"].append("changed")
+    assert first.checkpoint_id is not None
+    assert first.interruption is not None
+    kept = await store.load(first.checkpoint_id)
+    assert {"customer": {"id": "c_1", "tags": ["vip"]}, "pair": ([1],)} == kept.metadata
+    assert {"extra": {"tags": ["a"]}} == kept.options
+    answer = runlet.HumanResponse(first.interruption.id, "approve")
+    await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+    assert [{"customer": {"id": "c_1", "tags": ["vip"]}, "pair": ([1],)}] == seen
