@@ -38,7 +38,14 @@ from ._events import (
 )
 from ._human import Decision, HumanRequest, check_ask_human, is_ask_human, make_request
 from ._messages import Message, ToolCall, ToolResult, Usage
-from ._model import Model, ModelRequest, ModelResponse, ReasoningDelta, TextDelta
+from ._model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, show_arguments
@@ -458,16 +465,34 @@ async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> Mod
         return await model.complete(request)
     final: ModelResponse | None = None
     async with stream(request) as items:
-        async for item in items:
-            if isinstance(item, ModelResponse):
-                final = item
-            else:
-                await emit(item)
+        try:
+            async for item in items:
+                if isinstance(item, ModelResponse) and final is None:
+                    final = item
+                elif isinstance(item, _DELTAS) and final is None:
+                    await emit(item)
+                else:
+                    where = "after its final ModelResponse" if final is not None else "as an item"
+                    raise ModelResponseError(
+                        f"{type(model).__name__}.stream() yielded a {type(item).__name__} "
+                        f"{where}; a stream yields TextDelta, ReasoningDelta and "
+                        "ToolCallDelta items, then one final ModelResponse."
+                    )
+        finally:
+            # The iterator may hold the connection (an async generator of the model's
+            # own): close it now, not whenever the garbage collector gets to it.
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
     if final is None:
         raise ModelResponseError(
             f"{type(model).__name__}.stream() ended without its final ModelResponse."
         )
     return final
+
+
+# What a streaming model may yield before its final ModelResponse.
+_DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta)
 
 
 def edited_result(result: ToolResult, arguments: Mapping[str, Any]) -> ToolResult:

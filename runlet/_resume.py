@@ -141,7 +141,7 @@ async def _resume(
     if stored.status == "cancelled":
         raise cancelled_error(checkpoint_id)
     if stored.status == "resolved":
-        return _repeated(trace, _repeat(checkpoint_id, stored.resolution, responses))
+        return await _repeated(trace, emit, _repeat(checkpoint_id, stored.resolution, responses))
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses, stored.records)
     _refuse_conflicts(checkpoint, answers, stored.records)
@@ -155,7 +155,7 @@ async def _resume(
         resolution = exc.resolution
         if not isinstance(resolution, Resolution):
             resolution = (await durable_store.get(checkpoint_id)).resolution
-        return _repeated(trace, _repeat(checkpoint_id, resolution, responses))
+        return await _repeated(trace, emit, _repeat(checkpoint_id, resolution, responses))
     token = claim.token
     deferred: list[Checkpoint] = []
     in_memory = type(durable_store) is InMemoryCheckpointStore
@@ -622,10 +622,14 @@ async def _holding_lease(
     return outcome[0]
 
 
-def _repeated(trace: RunTrace | None, result: RunResult) -> RunResult:
-    """*result*, served again from the stored outcome; marked so on the span."""
+async def _repeated(trace: RunTrace | None, emit: Emit | None, result: RunResult) -> RunResult:
+    """*result*, served again from the stored outcome; marked so on the span. A stream
+    gets the interruption it reports again, as the first time (a client that lost the
+    first stream learns of the next approval from the repeat)."""
     if trace is not None:
         trace.repeated(result)
+    if emit is not None and result.interruption is not None and result.checkpoint_id:
+        await emit(Interrupted(result.interruption, result.checkpoint_id, result.pending_requests))
     return result
 
 

@@ -450,6 +450,7 @@ class RunStream:
         "_error",
         "_exited",
         "_group",
+        "_interrupt",
         "_receive",
         "_result",
         "_send",
@@ -464,6 +465,7 @@ class RunStream:
         self._exited = False
         self._result: RunResult | None = None
         self._error: Exception | None = None
+        self._interrupt: BaseException | None = None
         self._group: TaskGroup | None = None
         self._send: MemoryObjectSendStream[StreamEvent] | None = None
         self._receive: MemoryObjectReceiveStream[StreamEvent] | None = None
@@ -521,8 +523,8 @@ class RunStream:
         try:
             await group.__aexit__(type(passed) if passed else None, passed, tb if passed else None)
         except BaseException as raised:
-            # Only a KeyboardInterrupt or SystemExit (or the like) of the run leaves its
-            # task: it comes out as itself, as from run(), not inside an exception group.
+            # Should a KeyboardInterrupt or SystemExit (or the like) still leave the
+            # run's task, it comes out as itself, as from run(), not in an exception group.
             alone = _the_one_interrupt(raised)
             if alone is None:
                 raise
@@ -530,6 +532,9 @@ class RunStream:
         finally:
             self._send.close()
             self._receive.close()
+        interrupt = self._interrupt
+        if interrupt is not None and exc is not interrupt:
+            raise interrupt  # the run's KeyboardInterrupt or SystemExit, before all else
 
     def __aiter__(self) -> RunStream:
         return self
@@ -541,6 +546,8 @@ class RunStream:
         try:
             return await receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
+            if self._interrupt is not None:
+                raise self._interrupt  # noqa: B904 - the run's own, unchained
             if self._error is not None:
                 raise self._error  # noqa: B904 - the run's own error, unchained
             if self._exited and self._result is None:
@@ -557,6 +564,16 @@ class RunStream:
                 result = await self._start(send.send)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer
                 self._error = exc
+                return
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException as exc:  # noqa: BLE001 - raised in the consumer's task
+                # A KeyboardInterrupt or SystemExit from a tool. Raised from this task, it
+                # would also stop an asyncio event loop, whatever the caller does with it;
+                # so the block is stopped at once, and raises it as itself.
+                self._interrupt = exc
+                assert self._group is not None
+                self._group.cancel_scope.cancel()
                 return
             self._result = result
             await send.send(RunFinished(result))

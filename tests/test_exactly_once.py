@@ -1055,6 +1055,25 @@ async def test_stream_resume_gives_the_same_events_and_result_as_stream() -> Non
     assert s.result == await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
 
+@pytest.mark.parametrize("again", ["completed", "interrupted"])
+async def test_a_repeated_stream_resume_reports_the_stored_outcome(again: str) -> None:
+    # A client whose first stream was lost repeats its answer: the repeat runs nothing,
+    # and still tells it about the next approval, as the first stream did.
+    script: list[Any] = (
+        ["Done."] if again == "completed" else [call("refund", id="c2", order_id="2")]
+    )
+    rt, agent, payments, _, first = await refund_run(script=script)
+    streams: list[list[runlet.StreamEvent]] = []
+    for _ in range(2):
+        async with rt.stream_resume(agent, checkpoint_id=cp(first), response=approve(first)) as s:
+            streams.append([event async for event in s])
+    original, repeated = streams
+    assert again == s.result.status
+    assert 1 == len(payments.attempts)
+    kept = [e for e in original if isinstance(e, (runlet.Interrupted, runlet.RunFinished))]
+    assert kept == repeated
+
+
 async def test_stream_resume_reports_the_next_interruption_only_once_it_is_saved() -> None:
     store = FailingResolve()
     rt, agent, _, _, first = await refund_run(

@@ -16,6 +16,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
+from conftest import BACKENDS
 
 import runlet
 from runlet import (
@@ -602,6 +603,44 @@ async def test_a_base_exception_from_a_tool_leaves_a_stream_as_itself() -> None:
 
     with pytest.raises(_Stop):  # as run() raises it: not in an exception group
         await consume()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("calls", [1, 2])
+def test_a_system_exit_from_a_streamed_tool_leaves_the_event_loop_running(
+    backend: str, calls: int
+) -> None:
+    # On asyncio a task that raises SystemExit or KeyboardInterrupt also stops the event
+    # loop: caught by the caller or not, anyio.run() then raised it. The test runs its own
+    # event loop, so that loop is the one that would stop.
+    async def leave(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        raise SystemExit(3)
+
+    async def fine(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "fine"
+
+    schema = {"type": "object"}
+    tools = (ToolSpec("leave", "Leave.", schema, leave), ToolSpec("fine", "Fine.", schema, fine))
+    turn = [call("leave", id="l"), call("fine", id="f")][:calls]
+    caught: list[BaseException] = []
+
+    async def main() -> str:
+        agent = runlet.Agent("a", "Go.", ScriptedModel([turn, "Done."]), tools)
+        try:
+            async with runlet.Runtime().stream(agent, "Go.") as stream:
+                async for _ in stream:
+                    pass
+        except SystemExit as exc:
+            caught.append(exc)
+        await anyio.lowlevel.checkpoint()
+        return "went on"
+
+    try:
+        outcome = anyio.run(main, backend=backend)
+    except SystemExit:
+        outcome = "the event loop stopped"
+    assert "went on" == outcome
+    assert [3] == [exc.code for exc in caught]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("nested", [False, True])

@@ -918,8 +918,27 @@ def duplicate_ids() -> StreamModel:
             "answered with a 'user' message",
         ),
         (duplicate_ids, "same id"),
+        (
+            lambda: StreamModel([["Hel", *text_turn("Hello")]]),  # type: ignore[list-item]
+            "yielded a str as an item",
+        ),
+        (
+            lambda: StreamModel([[*text_turn("Hello"), TextDelta("!")]]),
+            "yielded a TextDelta after its final ModelResponse",
+        ),
+        (
+            lambda: StreamModel([[*text_turn("Hello"), *text_turn("Again")]]),
+            "yielded a TextDelta after its final ModelResponse",
+        ),
     ],
-    ids=["not-a-response", "not-assistant", "duplicate-ids"],
+    ids=[
+        "not-a-response",
+        "not-assistant",
+        "duplicate-ids",
+        "not-an-item",
+        "delta-after-the-end",
+        "second-response",
+    ],
 )
 async def test_an_unusable_model_answer_is_raised_from_the_loop(
     make_model: Callable[[], Any], match: str
@@ -1036,3 +1055,35 @@ async def test_a_scripted_model_streams_its_reasoning_before_its_text() -> None:
         e for e in events if isinstance(e, (ReasoningDelta, TextDelta))
     ]
     assert thought == result.transcript[-1]
+
+
+async def test_the_model_s_own_item_generator_is_closed_before_the_block_exits() -> None:
+    # A model whose items come from an async generator holding the connection: when the
+    # consumer stops early, the generator must be closed then, not by the collector.
+    log: list[str] = []
+
+    class GeneratorModel:
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            raise AssertionError("streamed")
+
+        @asynccontextmanager
+        async def stream(
+            self, request: ModelRequest
+        ) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
+            yield self._items()
+
+        async def _items(self) -> AsyncIterator[ModelStreamItem]:
+            log.append("opened")
+            try:
+                for _ in range(3):
+                    yield TextDelta("more ")
+                yield ModelResponse(Message.assistant("more more more "))
+            finally:
+                log.append("closed")
+
+    agent = Agent("a", "", GeneratorModel())
+    async with Runtime().stream(agent, "Go.") as stream:
+        async for event in stream:
+            assert isinstance(event, TextDelta)
+            break
+    assert ["opened", "closed"] == log
