@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -183,6 +184,33 @@ async def test_a_database_of_an_unknown_schema_version_is_refused() -> None:
     assert (7, 1) == (caught.value.found, caught.value.expected)
     assert refusing._pool is None  # its pool was closed
     assert [(1,)] == execute(conninfo, "SELECT count(*) FROM runlet_checkpoints")
+
+
+async def test_a_role_that_may_only_use_the_tables_opens_a_store_made_by_their_owner() -> None:
+    # The usual production split: a migration (the owner) creates the tables once, and
+    # the application connects as a role that may read and write rows but not create
+    # anything. CREATE TABLE IF NOT EXISTS needs CREATE even when the table exists.
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    owner = await schema()
+    async with PostgresCheckpointStore(owner) as store:
+        await store.save(checkpoint())
+    role = f"app_{uuid.uuid4().hex[:12]}"
+    (name,) = [
+        part.removeprefix("-csearch_path=")
+        for part in str(conninfo_to_dict(owner)["options"]).split()
+    ]
+    execute(owner, f"CREATE ROLE {role} LOGIN")
+    execute(owner, f"GRANT USAGE ON SCHEMA {name} TO {role}")
+    execute(owner, f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {name} TO {role}")
+    try:
+        async with PostgresCheckpointStore(make_conninfo(owner, user=role)) as app:
+            claim = await app.claim("cp_1")
+            await app.release("cp_1", claim.token)
+            assert ["cp_1"] == [p.checkpoint_id for p in await app.list_pending()]
+    finally:
+        execute(owner, f"DROP OWNED BY {role}")
+        execute(owner, f"DROP ROLE {role}")
 
 
 async def test_lease_times_come_from_the_server() -> None:

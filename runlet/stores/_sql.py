@@ -63,6 +63,8 @@ from .._util import is_seconds, to_the_end
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
+_THOUSAND_YEARS: Final = 1000 * 365.25 * 24 * 3600
+
 SCHEMA_VERSION: Final = 1
 """The version of the tables the stores create, kept in ``runlet_schema``."""
 
@@ -83,6 +85,7 @@ class Statements:
     """Every SQL text one store runs; named parameters are the same across stores."""
 
     schema_lock: str | None
+    schema_exists: str
     schema_table: str
     read_version: str
     write_version: str
@@ -207,7 +210,10 @@ class SQLStore:
         sql = self._sql
         if sql.schema_lock is not None:
             conn.execute(sql.schema_lock)
-        conn.execute(sql.schema_table)
+        # Created only when missing, so a role that may only read and write the tables
+        # (PostgreSQL checks CREATE even for CREATE TABLE IF NOT EXISTS) can open them.
+        if not conn.execute(sql.schema_exists).fetchone()[0]:
+            conn.execute(sql.schema_table)
         found = {row[0] for row in conn.execute(sql.read_version).fetchall()}
         if not found:
             for statement in sql.create:
@@ -540,7 +546,9 @@ class SQLStore:
                 "purge_resolved(older_than=...) must be a timedelta or a non-negative number "
                 f"of seconds, not {older_than!r}."
             )
-        params = {"age": float(age)}
+        # Nothing finished before the store existed: an age beyond any the database's
+        # date arithmetic can take means the same as a thousand years.
+        params = {"age": min(float(age), _THOUSAND_YEARS)}
 
         def work() -> int:
             with self._connection(write=True, atomic=True) as conn:

@@ -35,6 +35,8 @@ __all__ = ["PostgresCheckpointStore"]
 # Any fixed number works; it only has to be the same in every process. ("runlet" in hex.)
 SCHEMA_LOCK: Final = "SELECT pg_advisory_xact_lock(114715857004660)"
 
+SCHEMA_EXISTS: Final = "SELECT to_regclass('runlet_schema') IS NOT NULL"
+
 SCHEMA_TABLE: Final = "CREATE TABLE IF NOT EXISTS runlet_schema (version integer NOT NULL)"
 
 READ_VERSION: Final = "SELECT version FROM runlet_schema"
@@ -207,6 +209,7 @@ WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second'
 
 STATEMENTS: Final = Statements(
     schema_lock=SCHEMA_LOCK,
+    schema_exists=SCHEMA_EXISTS,
     schema_table=SCHEMA_TABLE,
     read_version=READ_VERSION,
     write_version=WRITE_VERSION,

@@ -28,6 +28,10 @@ __all__ = ["SQLiteCheckpointStore"]
 # The lease arithmetic is in seconds since the epoch, from SQLite's clock:
 # (julianday('now') - 2440587.5) * 86400.0. It is written out in each statement below.
 
+SCHEMA_EXISTS: Final = (
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'runlet_schema'"
+)
+
 SCHEMA_TABLE: Final = "CREATE TABLE IF NOT EXISTS runlet_schema (version INTEGER NOT NULL)"
 
 READ_VERSION: Final = "SELECT version FROM runlet_schema"
@@ -216,6 +220,7 @@ SYNCHRONOUS_FULL: Final = "PRAGMA synchronous = FULL"
 
 STATEMENTS: Final = Statements(
     schema_lock=None,
+    schema_exists=SCHEMA_EXISTS,
     schema_table=SCHEMA_TABLE,
     read_version=READ_VERSION,
     write_version=WRITE_VERSION,
