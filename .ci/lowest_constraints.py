@@ -21,8 +21,8 @@ else:  # pragma: no cover - nox and pytest bring tomli on 3.10
     import tomli as tomllib
 
 # The optional dependencies that are part of the library at run time (the test suite
-# needs both); test, docs and benchmark tools are not pinned.
-RUNTIME_EXTRAS = ("http", "trio")
+# needs them all); test, docs and benchmark tools are not pinned.
+RUNTIME_EXTRAS = ("http", "trio", "postgres", "otel")
 
 
 def lowest_constraints(pyproject: Mapping[str, Any]) -> list[str]:
@@ -35,7 +35,8 @@ def lowest_constraints(pyproject: Mapping[str, Any]) -> list[str]:
     project = pyproject["project"]
     extras = project.get("optional-dependencies", {})
     lines = []
-    for text in [*project["dependencies"], *(r for e in RUNTIME_EXTRAS for r in extras[e])]:
+    runtime = (r for e in RUNTIME_EXTRAS for r in extras.get(e, ()))
+    for text in [*project["dependencies"], *runtime]:
         requirement = Requirement(text)
         if requirement.name == project["name"]:
             continue

@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ._agent import Agent
@@ -148,7 +149,9 @@ async def _resume(
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
 
-    # 2. Claim.
+    # 2. Claim. A caller cancelled by now claims nothing and runs nothing, even where no
+    # step below would yield (the in-memory store, a model and tools that never wait).
+    await anyio.lowlevel.checkpoint_if_cancelled()
     try:
         claim = await durable_store.claim(checkpoint_id)
     except CheckpointResolvedError as exc:  # another resume finished in between
@@ -229,6 +232,7 @@ async def _resume_plain(
     answers = _decide(loop, agent, checkpoint, responses)
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
+    await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller runs nothing
     result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit, trace)
     try:
         await store.delete(checkpoint_id)

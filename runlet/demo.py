@@ -28,8 +28,10 @@ import argparse
 import importlib.util
 import json
 import shlex
+import signal
 import sqlite3
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -297,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # input() blocks the event loop, on purpose: nothing else runs while the person
         # decides, and Ctrl-C stops the demo at once (in a worker thread, it would wait
         # for Enter and then take the empty answer).
-        return input(prompt)  # noqa: ASYNC250 - see above
+        return read_line(prompt)
 
     async def go() -> None:
         if args.store is not None:
@@ -318,12 +320,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nStopped: nothing more was run.", file=sys.stderr)
         return 130
+    except EOFError:  # Ctrl-D, or piped answers that ran out
+        print("\nStopped at the end of the input: nothing more was run.", file=sys.stderr)
+        return 1
     except (RunletError, sqlite3.Error, OSError) as error:
         # A missing API key, a server that cannot be reached, a store file that cannot
         # be opened, an answer another process gave first: what happened, not a traceback.
         print(f"The demo stopped: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def read_line(prompt: str) -> str:
+    """``input(prompt)``, which Ctrl-C interrupts at once on every backend.
+
+    Under asyncio, the event loop's runner handles Ctrl-C by cancelling its main task,
+    which takes effect only at that task's next ``await``: ``input()`` would go on
+    waiting, and whatever came after the next Enter (an approved refund, say) would run
+    before the demo stopped. So while it waits, Ctrl-C raises ``KeyboardInterrupt``.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return input(prompt)  # pragma: no cover - the demo asks from its main thread
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return input(prompt)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def model_options(args: argparse.Namespace) -> str:

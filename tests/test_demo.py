@@ -260,3 +260,58 @@ def test_a_store_file_that_cannot_be_opened_says_so_in_one_line(
     shown = capsys.readouterr().err
     assert "The demo stopped: OperationalError" in shown
     assert "Traceback" not in shown
+
+
+def _at_a_terminal(backend: str, keys: bytes) -> tuple[int, str]:
+    """Run the demo on a pseudo-terminal, press *keys* at its first prompt, and return
+    its exit code and what it printed."""
+    import os
+    import pty
+    import select
+    import time
+
+    pid, terminal = pty.fork()
+    if pid == 0:  # pragma: no cover - the child becomes the demo
+        os.execv(sys.executable, [sys.executable, "-m", "runlet.demo", "--backend", backend])
+    shown = b""
+    pressed = False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([terminal], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            try:
+                data = os.read(terminal, 4096)
+            except OSError:  # the demo exited: the terminal is closed
+                break
+            if not data:
+                break
+            shown += data
+            if not pressed and b"Pick 1-2" in shown:
+                os.write(terminal, keys)
+                pressed = True
+    finally:
+        os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("keys", "code", "said"),
+    [
+        (b"\x03", 130, "Stopped: nothing more was run."),  # Ctrl-C
+        (b"\x04", 1, "Stopped at the end of the input: nothing more was run."),  # Ctrl-D
+    ],
+    ids=["ctrl-c", "ctrl-d"],
+)
+def test_a_key_that_stops_the_demo_at_a_prompt_stops_it_at_once(
+    backend: str, keys: bytes, code: int, said: str
+) -> None:
+    # On asyncio, Ctrl-C only cancelled the main task, at its next await: input() went on
+    # waiting, and after Enter and "a" the refund ran before the demo said it stopped.
+    exit_code, shown = _at_a_terminal(backend, keys)
+    assert (code, True) == (exit_code, said in shown), shown
+    assert "Traceback" not in shown
+    assert "tool call_refund" not in shown

@@ -1481,6 +1481,41 @@ async def test_a_resume_goes_on_from_the_records_its_claim_returns() -> None:
     assert "Refunded order 1." == model.requests[-1].messages[-1].content
 
 
+class _PlainStore:
+    """The three-method store protocol in a dict (at least once)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Checkpoint] = {}
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        self.rows[checkpoint.id] = checkpoint
+
+    async def load(self, checkpoint_id: str) -> Checkpoint:
+        try:
+            return self.rows[checkpoint_id]
+        except KeyError:
+            raise CheckpointNotFoundError("gone", checkpoint_id=checkpoint_id) from None
+
+    async def delete(self, checkpoint_id: str) -> None:
+        self.rows.pop(checkpoint_id, None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "plain"])
+async def test_a_resume_of_a_caller_already_cancelled_runs_nothing(kind: str) -> None:
+    # Nothing in this resume would yield (the store, the model and the tool never wait),
+    # so without a checkpoint of its own the approved refund ran for a caller whose
+    # deadline had passed (on asyncio, Ctrl-C cancels the main task this way).
+    store: Any = InMemoryCheckpointStore() if kind == "memory" else _PlainStore()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert scope.cancelled_caught
+    assert [] == payments.attempts
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert ("completed", 1) == (result.status, len(payments.attempts))
+
+
 async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
     class Plain:
         def __init__(self) -> None:
