@@ -23,6 +23,7 @@ from _wire import (
 
 from runlet import (
     Agent,
+    ConfigurationError,
     HumanResponse,
     InMemoryCheckpointStore,
     Message,
@@ -936,10 +937,61 @@ class TestReasoning:
         assert "".join(item.text for item in deltas if isinstance(item, TextDelta)) == "Paris."
         assert final.message.reasoning == (ReasoningPart("France's capital...", provider="openai"),)
 
+    async def test_not_sent_back_by_default(self, server: ModelServer) -> None:
+        # Groq refuses a message field it does not know: a run whose reasoning came from
+        # Groq failed on its second request when the field went back.
+        server.reply(Reply(json=openai_completion("ok")))
+        call = ToolCall("c1", "weather", {"city": "Oslo"})
+        reasoning = [ReasoningPart("Look it up.", provider="openai")]
+        transcript = (
+            Message.user("Weather?"),
+            Message.assistant("", [call], reasoning=reasoning),
+            Message.tool(ToolResult("c1", "Sunny")),
+        )
+        async with make(server) as model:
+            assert model.send_reasoning is False
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        assert "reasoning" not in json.dumps(server.bodies[0]["messages"])
+
+    @pytest.mark.parametrize(
+        ("base_url", "send", "sent"),
+        [
+            ("https://api.deepseek.com", None, True),
+            ("https://api.deepseek.com/v1", None, True),
+            ("https://api.deepseek.com", False, False),
+            ("https://api.groq.com/openai/v1", None, False),
+            ("https://notdeepseek.com/v1", None, False),
+            ("http://127.0.0.1:8000/v1", True, True),
+        ],
+    )
+    async def test_sent_back_where_the_server_needs_it(
+        self, base_url: str, send: bool | None, sent: bool
+    ) -> None:
+        bodies: list[Any] = []
+
+        def api(request: httpx.Request) -> httpx.Response:
+            bodies.append(json.loads(request.content))
+            return httpx.Response(200, json=openai_completion("ok"))
+
+        call = ToolCall("c1", "weather", {"city": "Oslo"})
+        transcript = (
+            Message.user("Weather?"),
+            Message.assistant("", [call], reasoning=[ReasoningPart("Look.", provider="openai")]),
+            Message.tool(ToolResult("c1", "Sunny")),
+        )
+        async with httpx.AsyncClient(transport=httpx.MockTransport(api)) as client:
+            model = OpenAIChatModel("m", base_url=base_url, http_client=client, send_reasoning=send)
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        assert sent == ("reasoning_content" in bodies[0]["messages"][1])
+
+    def test_send_reasoning_must_be_a_bool_or_none(self) -> None:
+        with pytest.raises(ConfigurationError, match="send_reasoning"):
+            OpenAIChatModel("m", send_reasoning="yes")  # type: ignore[arg-type]
+
     async def test_sent_back_with_the_turns_that_called_tools(self, server: ModelServer) -> None:
         # DeepSeek's thinking mode answers 400 when a tool-calling turn comes back without
-        # its reasoning_content. Only this adapter's own parts go, and (the server's
-        # checker refuses it there) never with a plain answer.
+        # its reasoning_content. Only this adapter's own parts go, and never with a plain
+        # answer.
         server.reply(Reply(json=openai_completion("ok")))
         call = ToolCall("c1", "weather", {"city": "Oslo"})
         reasoning = [
@@ -957,7 +1009,7 @@ class TestReasoning:
             Message.assistant("", [ToolCall("c2", "weather", {"city": "Oslo"})]),
             Message.tool(ToolResult("c2", "Rain")),
         )
-        async with make(server) as model:
+        async with make(server, send_reasoning=True) as model:
             await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
         sent = server.bodies[0]["messages"]
         assert sent[1] == {
@@ -1126,7 +1178,7 @@ async def test_reasoning_and_cached_tokens_through_checkpoint_json(server: Model
         ReasoningPart("Refunds need approval.", provider="openai"),
     )
     await fresh_store.save(checkpoint)
-    async with make(server) as fresh_model:
+    async with make(server, send_reasoning=True) as fresh_model:  # as DeepSeek needs it
         fresh_agent = Agent("support", "Ask for approval before refunds.", fresh_model, (REFUND,))
         resumed = await Runtime(checkpoint_store=fresh_store).resume(
             fresh_agent,

@@ -16,10 +16,11 @@ import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import attrs
 
-from .._errors import ModelAPIError, ModelResponseError
+from .._errors import ConfigurationError, ModelAPIError, ModelResponseError
 from .._messages import Message, ReasoningPart, ToolCall, Usage
 from .._model import (
     ModelRequest,
@@ -78,8 +79,14 @@ several adapters; send anything else with ``extra_body``."""
 
 PROVIDER = "openai"
 """The :attr:`~runlet.ReasoningPart.provider` of the reasoning :class:`OpenAIChatModel`
-keeps (from ``reasoning_content`` or ``reasoning``). It sends such reasoning back only
-with the assistant turns that made tool calls, as ``reasoning_content``."""
+keeps (from ``reasoning_content`` or ``reasoning``). With ``send_reasoning``, it sends
+such reasoning back with the assistant turns that made tool calls, as
+``reasoning_content``."""
+
+# The hosts whose APIs require reasoning_content back with the turns that called tools
+# (DeepSeek's thinking mode); elsewhere it is left out, as some servers (Groq) refuse
+# fields they do not know in a message.
+_REASONING_BACK_HOSTS = ("deepseek.com",)
 
 _API = "OpenAI Chat Completions"
 _ERROR_PREFIX = "Error: "
@@ -119,10 +126,10 @@ class OpenAIChatModel(HTTPModel):
     Reasoning text that compatible servers return (``reasoning_content`` from DeepSeek
     and older vLLM, ``reasoning`` from newer vLLM and OpenRouter) becomes the message's
     :attr:`~runlet.Message.reasoning` (with :attr:`~runlet.ReasoningPart.provider`
-    ``"openai"``) and streams as :class:`~runlet.ReasoningDelta`. It goes back as
-    ``reasoning_content`` with the assistant turns that made tool calls, where DeepSeek's
-    thinking mode requires it (other servers ignore it), and never with a plain answer.
-    Reasoning from other providers is never sent.
+    ``"openai"``) and streams as :class:`~runlet.ReasoningDelta`. It goes back, as
+    ``reasoning_content`` with the assistant turns that made tool calls (never with a
+    plain answer), only where the server needs it: see *send_reasoning*. Reasoning from
+    other providers is never sent.
 
     Use it as ``async with OpenAIChatModel(...) as model:``, or call :meth:`aclose`
     when done, to close the HTTP client it creates. A client passed as ``http_client``
@@ -148,6 +155,11 @@ class OpenAIChatModel(HTTPModel):
         extra_body: Extra JSON fields for every request body; they win over options.
         stream_usage: Ask for token usage at the end of a stream
             (``stream_options.include_usage``). Turn it off for a server that rejects it.
+        send_reasoning: Whether to send a turn's reasoning back, as ``reasoning_content``
+            beside the tool calls it led to. DeepSeek's thinking mode refuses a request
+            whose tool-calling turns lack it; Groq refuses one that has it. ``None`` (the
+            default) sends it to DeepSeek's API (a *base_url* on ``deepseek.com``) only;
+            give ``True`` for another server that needs it.
 
     Raises:
         ConfigurationError: An argument is unusable (an empty model name, a negative
@@ -173,6 +185,7 @@ class OpenAIChatModel(HTTPModel):
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         stream_usage: bool = True,
+        send_reasoning: bool | None = None,
     ) -> None:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         auth = {"authorization": f"Bearer {key}"} if key else {}
@@ -194,9 +207,20 @@ class OpenAIChatModel(HTTPModel):
             extra_body=extra_body,
         )
         self.stream_usage = stream_usage
+        if send_reasoning is None:
+            host = urlsplit(root).hostname or ""
+            send_reasoning = any(
+                host == known or host.endswith("." + known) for known in _REASONING_BACK_HOSTS
+            )
+        elif type(send_reasoning) is not bool:
+            raise ConfigurationError(
+                f"send_reasoning must be True, False or None, not {send_reasoning!r}."
+            )
+        self.send_reasoning = send_reasoning
 
     def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": _messages(request)}
+        messages = _messages(request, self.send_reasoning)
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
         if request.tools:
             body["tools"] = [_tool(tool) for tool in request.tools]
             body.update((k, v) for k, v in request.options.items() if k in OPTIONS)
@@ -245,28 +269,29 @@ class OpenAIChatModel(HTTPModel):
 _TOOL_OPTIONS = frozenset({"tool_choice", "parallel_tool_calls"})
 
 
-def _messages(request: ModelRequest) -> list[dict[str, Any]]:
+def _messages(request: ModelRequest, send_reasoning: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if request.instructions:
         out.append({"role": "system", "content": request.instructions})
-    out.extend(_message(message) for message in request.messages)
+    out.extend(_message(message, send_reasoning) for message in request.messages)
     return out
 
 
-def _message(message: Message) -> dict[str, Any]:
+def _message(message: Message, send_reasoning: bool) -> dict[str, Any]:
     if message.role == "assistant":
         # content may be null only beside tool_calls: an empty answer goes as "".
         content = message.content or (None if message.tool_calls else "")
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if message.tool_calls:
-            # DeepSeek's thinking mode refuses a later request whose tool-calling turns
-            # lack their reasoning_content; with a plain answer it is ignored, so it is
-            # left out there (and other servers ignore it).
-            reasoning = "".join(
-                part.text for part in message.reasoning if part.provider == PROVIDER
-            )
-            if reasoning:
-                entry["reasoning_content"] = reasoning
+            if send_reasoning:
+                # DeepSeek's thinking mode refuses a later request whose tool-calling
+                # turns lack their reasoning_content; with a plain answer it is ignored,
+                # so it is left out there.
+                reasoning = "".join(
+                    part.text for part in message.reasoning if part.provider == PROVIDER
+                )
+                if reasoning:
+                    entry["reasoning_content"] = reasoning
             entry["tool_calls"] = [
                 {
                     "id": call.id,
