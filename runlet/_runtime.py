@@ -29,7 +29,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, Tracing, cancel_span, run_span
-from ._util import own_copy
+from ._util import cancelled_here, own_copy
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -565,8 +565,16 @@ class RunStream:
             except Exception as exc:  # noqa: BLE001 - handed to the consumer
                 self._error = exc
                 return
-            except anyio.get_cancelled_exc_class():
-                raise
+            except anyio.get_cancelled_exc_class() as exc:
+                assert self._group is not None
+                if self._group.cancel_scope.cancel_called or cancelled_here():
+                    raise
+                # A stray one, raised though nothing cancelled the run (on asyncio, a tool
+                # that awaited a future someone else cancelled): the task group would let
+                # it pass silently, so it goes to the consumer, as run() raises it.
+                self._interrupt = exc
+                self._group.cancel_scope.cancel()
+                return
             except BaseException as exc:  # noqa: BLE001 - raised in the consumer's task
                 # A KeyboardInterrupt or SystemExit from a tool. Raised from this task, it
                 # would also stop an asyncio event loop, whatever the caller does with it;

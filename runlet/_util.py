@@ -147,24 +147,48 @@ def json_form(value: Any) -> Any:
 
 
 def own_copy(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    """A dict copy of *mapping* in which every nested dict, list and tuple is copied too
-    (other values are shared); a flat mapping costs no more than ``dict()``."""
+    """A dict copy of *mapping* in which every nested plain ``dict``, ``list`` and
+    ``tuple`` is copied too. Anything else is shared as it is (a ``Counter`` stays the
+    caller's ``Counter``, an object stays the same object), a structure that holds itself
+    is copied as one, and a flat mapping costs no more than ``dict()``."""
     copy = dict(mapping)
-    for key, value in mapping.items():
-        if type(value) not in _SCALARS:
-            copy[key] = _copied(value)
+    memo: dict[int, Any] | None = None
+    for key, value in copy.items():
+        if type(value) in _CONTAINERS:
+            if memo is None:
+                memo = {id(mapping): copy}
+            copy[key] = _copied(value, memo)
     return copy
 
 
-def _copied(value: Any) -> Any:
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _copied(value: Any, memo: dict[int, Any]) -> Any:
     kind = type(value)
+    if kind not in _CONTAINERS:
+        return value
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    if kind is dict:
+        mapping: dict[Any, Any] = {}
+        memo[id(value)] = mapping
+        mapping.update((key, _copied(item, memo)) for key, item in value.items())
+        return mapping
     if kind is list:
-        return [_copied(item) for item in value]
-    if kind is tuple:
-        return tuple([_copied(item) for item in value])
-    if isinstance(value, Mapping):
-        return own_copy(value)
-    return value
+        items: list[Any] = []
+        memo[id(value)] = items
+        items.extend(_copied(item, memo) for item in value)
+        return items
+    # A tuple cannot hold itself except through a list or dict, which the memo catches.
+    return tuple([_copied(item, memo) for item in value])
+
+
+def cancelled_here() -> bool:
+    """Whether a cancel scope around the current task has been cancelled (its deadline
+    reached or ``cancel()`` called), so a cancellation exception here is a real one."""
+    return anyio.current_effective_deadline() == -math.inf
 
 
 async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None:
@@ -198,7 +222,7 @@ async def _or_stop(
     try:
         await work()
     except anyio.get_cancelled_exc_class() as exc:
-        if not scope.cancel_called:
+        if not scope.cancel_called and not cancelled_here():
             stray.append(exc)
         raise
     except BaseException as exc:  # noqa: BLE001 - raised by side_by_side, as itself

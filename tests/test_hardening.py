@@ -3,6 +3,7 @@ checkpoint cannot hold, and the order of saving a checkpoint and reporting it.""
 
 from __future__ import annotations
 
+import collections
 import copy
 import datetime
 import json
@@ -513,6 +514,32 @@ async def test_a_stray_cancellation_from_one_of_several_tools_comes_out_as_itsel
     assert "pending" == (await store.get(first.checkpoint_id)).status
 
 
+@pytest.mark.parametrize("calls", [1, 2])
+async def test_a_stray_cancellation_from_a_streamed_tool_comes_out_as_itself(calls: int) -> None:
+    # With several calls the stream's task group let it pass too: the stream just ended,
+    # without RunFinished or an error.
+    async def fine(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "fine"
+
+    schema = {"type": "object"}
+    tools = (
+        ToolSpec("stray", "Stray.", schema, _stray_cancellation),
+        ToolSpec("fine", "Fine.", schema, fine),
+    )
+    turn = [call("stray", id="s"), call("fine", id="f")][:calls]
+    agent = runlet.Agent("a", "Go.", ScriptedModel([turn, "Done."]), tools)
+    events: list[Any] = []
+
+    async def consume() -> None:
+        async with runlet.Runtime().stream(agent, "Go.") as stream:
+            async for event in stream:
+                events.append(event)  # noqa: PERF401 - the events before the error count
+
+    with pytest.raises(anyio.get_cancelled_exc_class()):
+        await consume()
+    assert not any(isinstance(event, runlet.RunFinished) for event in events)
+
+
 @pytest.mark.parametrize("resumed", [False, True])
 async def test_the_interrupted_event_names_every_open_request(resumed: bool) -> None:
     # A relay that shows the browser what the event says must show every approval of
@@ -702,3 +729,27 @@ async def test_a_change_to_the_caller_s_nested_metadata_does_not_reach_the_run()
     answer = runlet.HumanResponse(first.interruption.id, "approve")
     await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
     assert [{"customer": {"id": "c_1", "tags": ["vip"]}, "pair": ([1],)}] == seen
+
+
+async def test_metadata_keeps_its_own_kinds_of_values_and_may_hold_itself() -> None:
+    # The in-memory API takes any values: only plain dicts, lists and tuples are copied;
+    # a Counter stays a Counter (a tool may count in it), and a cycle does not recurse.
+    counted: list[Any] = []
+
+    async def count(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        seen = context.metadata["state"]["seen"]
+        seen["calls"] += 1
+        counted.append(seen)
+        return "counted"
+
+    tool = ToolSpec("count", "Count.", {"type": "object"}, count)
+    agent = runlet.Agent("a", "Go.", ScriptedModel([[call("count", id="c")], "Done."]), (tool,))
+    seen: collections.Counter[str] = collections.Counter()
+    cyclic: dict[str, Any] = {"state": {"seen": seen}}
+    cyclic["state"]["again"] = cyclic
+    options: list[Any] = []
+    options.append(options)
+    result = await runlet.Runtime().run(agent, "Go.", metadata=cyclic, options={"o": options})
+    assert "completed" == result.status
+    assert [True] == [each is seen for each in counted]  # the caller's own Counter
+    assert 1 == seen["calls"]
