@@ -268,10 +268,15 @@ def _at_a_terminal(backend: str, keys: bytes) -> tuple[int, str]:
     import os
     import pty
     import select
+    import signal
     import time
 
     pid, terminal = pty.fork()
     if pid == 0:  # pragma: no cover - the child becomes the demo
+        # As a shell starts it: Ctrl-C neither blocked nor ignored (a test process may
+        # have either, and both survive exec).
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [sys.executable, "-m", "runlet.demo", "--backend", backend])
     shown = b""
     pressed = False
@@ -289,12 +294,23 @@ def _at_a_terminal(backend: str, keys: bytes) -> tuple[int, str]:
                 break
             shown += data
             if not pressed and b"Pick 1-2" in shown:
+                # input() printed its prompt; press the keys once it waits in read(), as a
+                # person would: a Ctrl-C landing in between is only seen after the next
+                # line, by any Python program.
+                while _state(pid) != "S" and time.monotonic() < deadline:
+                    os.sched_yield()
                 os.write(terminal, keys)
                 pressed = True
     finally:
         os.close(terminal)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc ("S": asleep, waiting for an event)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
