@@ -1503,8 +1503,8 @@ class _PlainStore:
 @pytest.mark.parametrize("kind", ["memory", "plain"])
 async def test_a_resume_of_a_caller_already_cancelled_runs_nothing(kind: str) -> None:
     # Nothing in this resume would yield (the store, the model and the tool never wait),
-    # so without a checkpoint of its own the approved refund ran for a caller whose
-    # deadline had passed (on asyncio, Ctrl-C cancels the main task this way).
+    # so without a check of its own the approved refund ran for a caller whose cancel
+    # scope was already cancelled.
     store: Any = InMemoryCheckpointStore() if kind == "memory" else _PlainStore()
     rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
     with anyio.CancelScope() as scope:
@@ -1517,23 +1517,7 @@ async def test_a_resume_of_a_caller_already_cancelled_runs_nothing(kind: str) ->
 
 
 async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
-    class Plain:
-        def __init__(self) -> None:
-            self.rows: dict[str, Checkpoint] = {}
-
-        async def save(self, checkpoint: Checkpoint) -> None:
-            self.rows[checkpoint.id] = checkpoint
-
-        async def load(self, checkpoint_id: str) -> Checkpoint:
-            try:
-                return self.rows[checkpoint_id]
-            except KeyError:
-                raise CheckpointNotFoundError("gone", checkpoint_id=checkpoint_id) from None
-
-        async def delete(self, checkpoint_id: str) -> None:
-            self.rows.pop(checkpoint_id, None)
-
-    store = Plain()
+    store = _PlainStore()
     rt, _agent, _, _, first = await refund_run(store=store)
     await rt.cancel(cp(first))
     assert {} == store.rows

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -195,29 +195,42 @@ def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
         SQLiteCheckpointStore("x.db", **arguments)
 
 
+def announce_taking(store: SQLiteCheckpointStore) -> threading.Event:
+    """An event set when one of the store's threads has taken a connection."""
+    started = threading.Event()
+    take = store._take
+
+    def spy() -> sqlite3.Connection:
+        conn = take()
+        started.set()
+        return conn
+
+    store._take = spy  # type: ignore[method-assign]
+    return started
+
+
+@contextmanager
+def write_locked() -> Iterator[sqlite3.Connection]:
+    """A connection holding the database's write lock, which the store's writes wait
+    for until it commits."""
+    blocker = sqlite3.connect(db_path(), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        yield blocker
+    finally:
+        blocker.close()
+
+
 async def test_a_cancelled_claim_leaves_the_checkpoint_claimable() -> None:
     async with SQLiteCheckpointStore(db_path()) as store:
         await store.save(checkpoint())
-        started = threading.Event()
-        take = store._take
-
-        def spy() -> sqlite3.Connection:
-            conn = take()
-            started.set()
-            return conn
-
-        store._take = spy  # type: ignore[method-assign]
-        blocker = sqlite3.connect(db_path(), isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")  # the claim's thread waits for this lock
-        try:
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(store.claim, "cp_1")
-                    await anyio.to_thread.run_sync(started.wait)
-                    scope.cancel()  # takes effect once the thread has claimed
-                    blocker.execute("COMMIT")
-        finally:
-            blocker.close()
+        started = announce_taking(store)
+        with write_locked() as blocker, anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(store.claim, "cp_1")
+                await anyio.to_thread.run_sync(started.wait)
+                scope.cancel()  # takes effect once the thread has claimed
+                blocker.execute("COMMIT")
         assert scope.cancelled_caught
         assert "pending" == (await store.get("cp_1")).status
         await store.claim("cp_1")
@@ -233,15 +246,7 @@ async def test_a_claim_cancelled_natively_twice_still_gives_the_checkpoint_back(
 
     async with SQLiteCheckpointStore(db_path()) as store:
         await store.save(checkpoint())
-        started = threading.Event()
-        take = store._take
-
-        def spy() -> sqlite3.Connection:
-            conn = take()
-            started.set()
-            return conn
-
-        store._take = spy  # type: ignore[method-assign]
+        started = announce_taking(store)
         native = _NativeCancel(anyio_backend)
         release = store.release
         released: list[str] = []
@@ -252,16 +257,12 @@ async def test_a_claim_cancelled_natively_twice_still_gives_the_checkpoint_back(
             released.append(checkpoint_id)
 
         store.release = release_cancelled_again  # type: ignore[method-assign]
-        blocker = sqlite3.connect(db_path(), isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")  # the claim's thread waits for this lock
-        try:
+        with write_locked() as blocker:
             async with anyio.create_task_group() as group:
                 group.start_soon(native.run, partial(store.claim, "cp_1"))
                 await anyio.to_thread.run_sync(started.wait)
                 native.cancel()  # takes effect once the thread has claimed
                 blocker.execute("COMMIT")
-        finally:
-            blocker.close()
         assert native.cancelled
         assert ["cp_1"] == released
         assert "pending" == (await store.get("cp_1")).status
