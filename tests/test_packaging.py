@@ -100,7 +100,7 @@ def test_lowest_constraints_pin_every_runtime_dependency_to_its_lower_bound() ->
         "jsonschema-rs==0.29",
         "httpx==0.27",
         "trio==0.26.2",
-        "psycopg==3.2.1",  # 3.2.0's binary extra names a release that does not exist
+        "psycopg==3.2.2",  # the first with binary wheels for every Python supported
         "psycopg-pool==3.2",
         "opentelemetry-api==1.27",
     ] == LOWEST["read"](ROOT / "pyproject.toml")
