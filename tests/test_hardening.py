@@ -670,6 +670,28 @@ def test_a_system_exit_from_a_streamed_tool_leaves_the_event_loop_running(
     assert [3] == [exc.code for exc in caught]  # type: ignore[attr-defined]
 
 
+async def test_a_system_exit_from_a_streamed_tool_ends_the_loop_that_reads_it() -> None:
+    # A consumer reading inside a shielded scope is not stopped by the stream's cancel:
+    # its loop must raise the interrupt, not end as if the run had finished.
+    async def leave(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        raise SystemExit(3)
+
+    tool = ToolSpec("leave", "Leave.", {"type": "object"}, leave)
+    agent = runlet.Agent("a", "Go.", ScriptedModel([[call("leave", id="l")], "Done."]), (tool,))
+    after_the_loop: list[str] = []
+
+    async def consume() -> None:
+        async with runlet.Runtime().stream(agent, "Go.") as stream:
+            with anyio.CancelScope(shield=True):
+                async for _ in stream:
+                    pass
+                after_the_loop.append("the loop ended as if the run had finished")
+
+    with pytest.raises(SystemExit):
+        await consume()
+    assert [] == after_the_loop
+
+
 @pytest.mark.parametrize("nested", [False, True])
 async def test_a_handler_that_changes_its_arguments_leaves_the_decision_as_approved(
     nested: bool,
