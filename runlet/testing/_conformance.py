@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -179,26 +180,11 @@ async def _race_cancel_and_claim(
     """Cancel *checkpoint_id* while a claim takes it; returns whether the cancel and
     whether the claim succeeded."""
     await store.save(sample_checkpoint(checkpoint_id))
-    won: dict[str, bool] = {"cancel": False, "claim": False}
-
-    async def cancel() -> None:
-        try:
-            await store.cancel(checkpoint_id)
-        except CheckpointClaimedError:
-            return
-        won["cancel"] = True
-
-    async def claim() -> None:
-        try:
-            await store.claim(checkpoint_id)
-        except CheckpointCancelledError:
-            return
-        won["claim"] = True
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(cancel)
-        group.start_soon(claim)
-    return won["cancel"], won["claim"]
+    cancelled, claimed = await _which_succeed(
+        (partial(store.cancel, checkpoint_id), CheckpointClaimedError),
+        (partial(store.claim, checkpoint_id), CheckpointCancelledError),
+    )
+    return cancelled, claimed
 
 
 async def _race_resolve_and_takeover(
@@ -209,26 +195,34 @@ async def _race_resolve_and_takeover(
     checkpoint = sample_checkpoint(checkpoint_id)
     await store.save(checkpoint)
     old = await store.claim(checkpoint_id)
-    won: dict[str, bool] = {"resolve": False, "claim": False}
+    resolution = sample_resolution(checkpoint)
+    resolved, taken = await _which_succeed(
+        (partial(store.resolve, checkpoint_id, old.token, resolution), LeaseLostError),
+        (partial(store.claim, checkpoint_id), CheckpointResolvedError),
+    )
+    return resolved, taken
 
-    async def resolve() -> None:
-        try:
-            await store.resolve(checkpoint_id, old.token, sample_resolution(checkpoint))
-        except LeaseLostError:
-            return
-        won["resolve"] = True
 
-    async def take() -> None:
+async def _which_succeed(
+    *attempts: tuple[Callable[[], Awaitable[object]], type[Exception]],
+) -> list[bool]:
+    """Start every attempt at once; return, in order, whether each succeeded. An attempt
+    that raises the error it is paired with lost the race; any other error fails."""
+    won = [False] * len(attempts)
+
+    async def attempt(
+        index: int, call: Callable[[], Awaitable[object]], lost: type[Exception]
+    ) -> None:
         try:
-            await store.claim(checkpoint_id)
-        except CheckpointResolvedError:
+            await call()
+        except lost:
             return
-        won["claim"] = True
+        won[index] = True
 
     async with anyio.create_task_group() as group:
-        group.start_soon(resolve)
-        group.start_soon(take)
-    return won["resolve"], won["claim"]
+        for index, (call, lost) in enumerate(attempts):
+            group.start_soon(attempt, index, call, lost)
+    return won
 
 
 def _rich_checkpoint() -> Checkpoint:
