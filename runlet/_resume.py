@@ -385,9 +385,7 @@ def _decision(
         arguments=arguments,
         edited=response is not None and response.edited_arguments is not None,
         responded_by=None if response is None else response.responded_by,
-        metadata=None
-        if response is None or response.metadata is None
-        else json_form(response.metadata),
+        metadata=None if response is None else json_form(response.metadata),
         decided_at=now,
     )
 
