@@ -14,6 +14,8 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ._agent import Agent
 from ._checkpoint import (
     CHECKPOINT_VERSION,
@@ -48,7 +50,7 @@ from ._model import (
 )
 from ._result import RunResult
 from ._store import CheckpointStore
-from ._tools import ToolContext, ToolSpec, show_arguments
+from ._tools import ToolContext, ToolSpec, edited_content
 from ._tracing import Tracing
 from ._util import side_by_side, slot_builder
 
@@ -359,9 +361,12 @@ async def run_tool(
     arguments: Mapping[str, Any],
     *,
     report: bool = True,
+    edited: bool = False,
 ) -> ToolResult:
     """Run one call's handler and make its result; with *report* false, the caller emits
-    :class:`ToolCallFinished` itself (a resume does so after recording the result)."""
+    :class:`ToolCallFinished` itself (a resume does so after recording the result). With
+    *edited*, the result notes that a person changed the arguments (the span shows that
+    text too: it is what the model gets)."""
     emit = run.emit
     if emit is not None:
         await emit(ToolCallStarted(call))
@@ -379,7 +384,9 @@ async def run_tool(
     elif trace is None:
         content, is_error = await tool._invoke(arguments, context)
     else:
-        content, is_error = await trace.tool(tool, call, arguments, context)
+        content, is_error = await trace.tool(tool, call, arguments, context, edited)
+    if edited and trace is None:
+        content = edited_content(content, arguments)
     result = _new_tool_result(call.id, content, is_error)
     if emit is not None and report:
         await emit(ToolCallFinished(call, result))
@@ -455,6 +462,32 @@ def _check_response(model: Model, response: object) -> None:
             f"{type(model).__name__} gave two tool calls the same id in one message; "
             "each call needs its own id."
         )
+    usage = response.usage
+    if usage is not _DEFAULT_USAGE:
+        problem = _usage_problem(usage)
+        if problem is not None:
+            raise ModelResponseError(
+                f"{type(model).__name__} gave a response whose usage {problem}. Build it "
+                "as Usage(input_tokens, output_tokens, requests=1) with int counts, 0 for "
+                "a count the API does not report."
+            )
+
+
+# ModelResponse's default usage (one shared object): nothing to check.
+_DEFAULT_USAGE = attrs.fields(ModelResponse).usage.default
+
+
+def _usage_problem(usage: object) -> str | None:
+    if type(usage) is not Usage and not isinstance(usage, Usage):
+        return f"is a {type(usage).__name__}, not a Usage"
+    for name in _USAGE_COUNTS:
+        count = getattr(usage, name)
+        if type(count) is not int or count < 0:
+            return f"has {name}={count!r}, not a count"
+    return None
+
+
+_USAGE_COUNTS = tuple(field.name for field in attrs.fields(Usage))
 
 
 async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> ModelResponse:
@@ -493,14 +526,3 @@ async def _ask_streaming(model: Model, request: ModelRequest, emit: Emit) -> Mod
 
 # What a streaming model may yield before its final ModelResponse.
 _DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta)
-
-
-def edited_result(result: ToolResult, arguments: Mapping[str, Any]) -> ToolResult:
-    """*result*, noting for the model (and the transcript) that a person changed the
-    call's arguments before it ran."""
-    shown = show_arguments(arguments)
-    return ToolResult(
-        result.tool_call_id,
-        f"A human edited the arguments to {shown} before the call ran. Result: {result.content}",
-        result.is_error,
-    )

@@ -64,7 +64,6 @@ from ._loop import (
     Loop,
     RunState,
     append_results,
-    edited_result,
     new_id,
     run_tool,
 )
@@ -553,9 +552,7 @@ async def _run_approved(
     record: Record | None,
 ) -> None:
     tool = run.agent._by_name[call.name]
-    result = await run_tool(run, call, tool, call.arguments, report=False)
-    if decision.edited:
-        result = edited_result(result, call.arguments)
+    result = await run_tool(run, call, tool, call.arguments, report=False, edited=decision.edited)
     results[call.id] = result
     # The result is recorded before anything else can be awaited (a cancellation may be
     # waiting since the handler ran), then reported: a retry never runs the call again.

@@ -49,6 +49,13 @@ def show_arguments(arguments: Mapping[str, Any]) -> str:
     return _shown_flat(arguments)
 
 
+def edited_content(content: str, arguments: Mapping[str, Any]) -> str:
+    """A result's *content*, noting for the model (and the transcript) that a person
+    changed the call's arguments before it ran."""
+    shown = show_arguments(arguments)
+    return f"A human edited the arguments to {shown} before the call ran. Result: {content}"
+
+
 def _c_arguments(encoder: json.JSONEncoder) -> tuple[Any, ...]:
     """The arguments of ``json.encoder.c_make_encoder`` after the first (the markers of
     the cycle check) that give *encoder*'s text."""

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ._tools import edited_content
+
 if TYPE_CHECKING:
     from contextvars import Token
 
@@ -456,9 +458,11 @@ class RunTrace:
         call: ToolCall,
         arguments: Mapping[str, Any],
         context: ToolContext,
+        edited: bool = False,
     ) -> tuple[str, bool]:
         """Run *tool*'s handler inside an ``execute_tool`` span that is current while it
-        runs, so the handler's own spans nest under it."""
+        runs, so the handler's own spans nest under it. With *edited* (a person changed
+        the arguments), the content notes so, as the model gets it."""
         span = self._tool_span(call, tool.description)
         if self.content:
             span.set_attribute(TOOL_ARGUMENTS, _dumps(arguments))
@@ -469,6 +473,8 @@ class RunTrace:
         except BaseException as exc:
             self._close(span, token, exc)
             raise
+        if edited:
+            content = edited_content(content, arguments)
         if self.content:
             span.set_attribute(TOOL_RESULT, content)
         if is_error:
@@ -552,9 +558,12 @@ def resume_span(
         return _OFF
     api = _load_api()
     assert api is not None
-    trace = RunTrace(api, tracer, agent, None, tracing.capture_content(), checkpoint_id)
+    content = tracing.capture_content()
+    trace = RunTrace(api, tracer, agent, None, content, checkpoint_id)
     reason = "expired" if responses is None else "human_response"
     trace.start_attributes[RESUME_REASON] = reason
+    if content:  # as on the run's span: the instructions the resumed run works under
+        trace.start_attributes[SYSTEM_INSTRUCTIONS] = _dumps([_text(agent.instructions)])
     return trace
 
 

@@ -494,6 +494,20 @@ class TestModelErrors:
                 ),
                 "same id",
             ),
+            # A count the API left out must be 0, not None: sums and spans need numbers.
+            (ModelResponse(Message.assistant("x"), None), r"usage is a NoneType"),  # type: ignore[arg-type]
+            (
+                ModelResponse(Message.assistant("x"), Usage(None, 3, 1)),  # type: ignore[arg-type]
+                r"usage has input_tokens=None, not a count",
+            ),
+            (
+                ModelResponse(Message.assistant("x"), Usage(2, 3, 1, cache_read_tokens=-1)),
+                r"usage has cache_read_tokens=-1",
+            ),
+            (
+                ModelResponse(Message.assistant("x"), Usage(2, 3.0, 1)),  # type: ignore[arg-type]
+                r"usage has output_tokens=3.0",
+            ),
         ],
     )
     async def test_unusable_answers_are_refused(self, answer: Any, message: str) -> None:

@@ -33,9 +33,11 @@ from runlet import (
     CheckpointNotFoundError,
     HumanResponse,
     InMemoryCheckpointStore,
+    Message,
     ModelError,
     ModelRequest,
     ModelResponse,
+    ModelResponseError,
     ModelStreamItem,
     Runtime,
     TextDelta,
@@ -525,6 +527,24 @@ async def test_a_failing_model_ends_its_spans_with_an_error(
         assert "runlet.run.status" not in attrs_of(one(spans, "invoke_agent weather"))
 
 
+async def test_a_response_without_usable_usage_is_refused_and_its_span_ended(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    class NoCounts:
+        model = "scripted-1"
+        provider_name = "scripted"
+
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            return ModelResponse(Message.assistant("Hi."), Usage(None, None, 1))  # type: ignore[arg-type]
+
+    runtime = Runtime(tracer_provider=provider)
+    with pytest.raises(ModelResponseError, match="input_tokens=None"):
+        await runtime.run(weather_agent(NoCounts()), "Hello")
+    spans = exporter.get_finished_spans()  # both ended: none is left open
+    assert tree(spans) == [("invoke_agent weather", [("chat scripted-1", [])])]
+    assert {attrs_of(span)["error.type"] for span in spans} == {"ModelResponseError"}
+
+
 async def test_a_cancelled_run_ends_every_span_with_an_error_and_stays_cancelled(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
@@ -658,6 +678,7 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
         "runlet.run_id": interrupted.run_id,
         "runlet.checkpoint_id": interrupted.checkpoint_id,
         "runlet.resume.reason": "human_response",
+        "gen_ai.system_instructions": '[{"type": "text", "content": "Answer with the tools."}]',
         "runlet.human.request_id": interrupted.interruption.id,
         "runlet.human.request_kind": "approval",
         "runlet.human.tool_call_id": "call_w",
@@ -684,6 +705,10 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
         assert attrs_of(child)["runlet.checkpoint_id"] == interrupted.checkpoint_id
     tool = attrs_of(one(resumed, "execute_tool get_weather"))
     assert json.loads(tool["gen_ai.tool.call.arguments"]) == {"city": "Paris"}
+    # The result as the model gets it: with the note that a person edited the call.
+    [tool_message] = [m for m in result.transcript if m.role == "tool"]
+    assert tool_message.content.startswith("A human edited the arguments")
+    assert tool["gen_ai.tool.call.result"] == tool_message.content
 
 
 async def test_a_resume_that_stops_again_records_the_next_interruption(
