@@ -300,19 +300,28 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         agent_name: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> Sequence[PendingRequest]:
-        """Checkpoints waiting for an answer (pending or claimed), oldest first.
+        """Checkpoints waiting for an answer (pending or claimed), oldest first: in the
+        order they were first saved (saving one again keeps its place).
 
         Args:
             limit: At most this many.
-            after: The last ``checkpoint_id`` of the previous page.
-            agent_name: Only this agent's.
+            after: The last ``checkpoint_id`` of the previous page; the page starts after
+                it, even if it was resolved or cancelled since.
+            agent_name: Only checkpoints of the agent with exactly this name.
             metadata: Only runs whose metadata has each of these top-level keys with an
-                equal value.
+                equal value (``==``, so nested values compare whole).
+
+        Raises:
+            ~runlet.CheckpointNotFoundError: *after* names no checkpoint of this store
+                (never saved, or deleted).
+            ~runlet.ConfigurationError: *limit* is not a positive int, or *metadata* is
+                not a mapping.
         """
         ...
 
     async def decisions(self, run_id: str, /) -> Sequence[Decision]:
-        """Every decision recorded for the run's checkpoints, oldest first."""
+        """Every decision recorded for the run's checkpoints, oldest first (by
+        :attr:`~runlet.Decision.decided_at`)."""
         ...
 
 

@@ -38,6 +38,7 @@ from .._errors import (
     CheckpointClaimedError,
     CheckpointNotFoundError,
     CheckpointResolvedError,
+    ConfigurationError,
     HumanRequestExpiredError,
     HumanResponseConflictError,
     LeaseLostError,
@@ -621,6 +622,30 @@ def store_conformance_tests(
             await store.record("cp_1", claim.token, [finished])
             assert (finished,) == (await store.get("cp_1")).records
 
+        async def test_records_of_other_calls_are_kept_by_a_later_record_call(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A resume records every decision at once, then each result on its own: the
+            # result of one call must not drop what was recorded for another (a record
+            # lost this way makes a crashed resume run that other call again).
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            first, second = _record(checkpoint, "call_a"), _record(checkpoint, "call_b")
+            await store.record("cp_1", claim.token, [first, second])
+            finished = CallRecord(
+                tool_call_id="call_a",
+                decision=first.decision,
+                result=ToolResult("call_a", "Refunded.", False),
+            )
+            await store.record("cp_1", claim.token, [finished])
+            third = _record(checkpoint, "call_c")
+            await store.record("cp_1", claim.token, [third])
+            expected = sorted([finished, second, third], key=_call_id)
+            assert expected == sorted((await store.get("cp_1")).records, key=_call_id)
+            await store.release("cp_1", claim.token)
+            assert expected == sorted((await store.claim("cp_1")).records, key=_call_id)
+
         async def test_resolve_stores_the_outcome_and_the_next_checkpoint(
             self, store: DurableCheckpointStore
         ) -> None:
@@ -737,6 +762,13 @@ def store_conformance_tests(
             assert await ids(metadata={"tenant": "acme", "user": {"id": 1}}) == ["cp_1", "cp_2"]
             assert await ids(agent_name="support", metadata={"user": {"id": 1}}) == ["cp_1", "cp_3"]
             assert await ids(metadata={"missing": None}) == []
+            # The whole name, exactly: not a prefix, another case, or a pattern.
+            for name, agent in [("cp_6", "support_admin"), ("cp_7", "Support"), ("cp_8", "s%")]:
+                await store.save(sample_checkpoint(name, agent_name=agent))
+            assert await ids(agent_name="support") == ["cp_1", "cp_3", "cp_4", "cp_5"]
+            assert await ids(agent_name="support_admin") == ["cp_6"]
+            assert await ids(agent_name="s%") == ["cp_8"]
+            assert await ids(agent_name="s_pport") == []
 
         async def test_list_pending_fills_a_page_past_checkpoints_that_do_not_match(
             self, store: DurableCheckpointStore
@@ -793,6 +825,21 @@ def store_conformance_tests(
             assert [f"cp_{index}" for index in range(12)] == listed
             page = await store.list_pending(after="cp_9", limit=2)
             assert [found.checkpoint_id for found in page] == ["cp_10", "cp_11"]
+
+        async def test_list_pending_refuses_an_unknown_after_and_a_bad_limit_or_filter(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            with pytest.raises(CheckpointNotFoundError):
+                await store.list_pending(after="cp_missing")
+            await store.delete("cp_1")
+            with pytest.raises(CheckpointNotFoundError):  # a page cannot start after it
+                await store.list_pending(after="cp_1")
+            for limit in (0, -1, "3", 2.0, True):
+                with pytest.raises(ConfigurationError):
+                    await store.list_pending(limit=limit)  # type: ignore[arg-type]
+            with pytest.raises(ConfigurationError):
+                await store.list_pending(metadata=[("tenant", "acme")])  # type: ignore[arg-type]
 
         async def test_paging_goes_on_after_a_listed_checkpoint_was_resolved(
             self, store: DurableCheckpointStore
