@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
@@ -53,9 +53,10 @@ class Runtime:
             stop for a person raises :class:`~runlet.CheckpointStoreRequiredError`.
         max_turns: The most model requests one run may make (across resumes) before it
             fails with :class:`~runlet.MaxTurnsExceededError`.
-        clock: Returns the current time as an aware UTC ``datetime``; requests'
-            ``created_at`` and ``expires_at`` and decisions' times come from it. Tests pass
-            a fake clock to move time without sleeping.
+        clock: Returns the current time as an aware ``datetime`` (a time in another zone
+            is turned into UTC); requests' ``created_at`` and ``expires_at`` and
+            decisions' times come from it. Tests pass a fake clock to move time without
+            sleeping.
         tracer_provider: An OpenTelemetry tracer provider for this runtime's spans
             (needs ``runlet[otel]``). Without one, runs are traced with the global
             provider once the application has set one, and not at all before; see
@@ -388,7 +389,9 @@ def _the_one_interrupt(raised: BaseException) -> BaseException | None:
 
 def _aware(clock: Clock) -> Clock:
     """*clock*, checked once now and at every reading: a time without a time zone would
-    be written into checkpoints that could then never be read back."""
+    be written into checkpoints that could then never be read back. An aware time in
+    another zone is turned into UTC, so every time Runlet records is in UTC, whichever
+    store keeps it."""
 
     def now() -> datetime:
         value: object = clock()  # typed, but a user's: checked as anything
@@ -397,6 +400,8 @@ def _aware(clock: Clock) -> Clock:
                 f"clock must return an aware datetime (in UTC), got {value!r}. Use "
                 "datetime.now(timezone.utc), not datetime.utcnow()."
             )
+        if value.tzinfo is not timezone.utc:
+            value = value.astimezone(timezone.utc)
         return value
 
     now()

@@ -219,14 +219,14 @@ class ToolSpec:
             example only for refunds above a limit). The policy runs after the arguments
             pass the schema; if it raises or returns a non-bool, the call is not run and
             the model gets an error result saying so.
-        timeout: Seconds a call may take; a slower call is cancelled and the model gets
-            an error result saying so. ``None`` (the default) means no limit.
         idempotent: Declares that running the call again with the same
             ``context.idempotency_key`` is safe. Only then does a resume re-run an
             approved call whose earlier attempt was cut off inside the handler; otherwise
             it asks a person again (:attr:`HumanRequest.outcome_unknown`).
         expires_after: Seconds after which an approval request for this tool expires
             (:attr:`HumanRequest.expires_at`); ``None`` means never.
+        timeout: Seconds a call may take; a slower call is cancelled and the model gets
+            an error result saying so. ``None`` (the default) means no limit.
         approval_prompt: The text people see for an approval: a string, or a function
             of the arguments returning one. By default, "Allow <tool> with <arguments>?".
         allow_edit: ``False`` refuses ``edited_arguments`` for this tool's approvals.
@@ -241,9 +241,11 @@ class ToolSpec:
     input_schema: Mapping[str, Any]
     handler: Handler = attrs.field(validator=_check_handler)
     requires_approval: bool | ApprovalPolicy = False
+    # Positional after requires_approval, in DESIGN's order; the options after them are
+    # keyword-only.
+    idempotent: bool = False
+    expires_after: float | None = None
     timeout: float | None = attrs.field(default=None, kw_only=True)
-    idempotent: bool = attrs.field(default=False, kw_only=True)
-    expires_after: float | None = attrs.field(default=None, kw_only=True)
     approval_prompt: str | Callable[[Mapping[str, Any]], str] | None = attrs.field(
         default=None, kw_only=True
     )

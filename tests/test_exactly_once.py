@@ -571,6 +571,15 @@ def test_other_tool_options_are_checked_at_construction(option: str, value: obje
         refund_spec(Payments(), **{option: value})
 
 
+def test_tool_options_of_the_design_may_be_given_in_its_order() -> None:
+    # DESIGN: ToolSpec(..., requires_approval=False, idempotent=False, expires_after=None).
+    payments = Payments()
+    spec = ToolSpec("refund", "Refund.", ORDER_SCHEMA, payments.refund, True, True, 30.0)
+    assert (spec.requires_approval, spec.idempotent, spec.expires_after) == (True, True, 30.0)
+    with pytest.raises(TypeError):  # the options after them stay keyword-only
+        ToolSpec("refund", "Refund.", ORDER_SCHEMA, payments.refund, True, True, 30.0, 5.0)  # type: ignore[misc]
+
+
 # --- Expiry and cancellation -------------------------------------------------------------
 
 
@@ -1537,6 +1546,29 @@ def test_runtime_refuses_a_clock_without_a_time_zone() -> None:
         Runtime(clock=lambda: datetime.datetime(2026, 11, 30, 9, 0))
     with pytest.raises(ConfigurationError, match="aware datetime"):
         Runtime(clock=lambda: "2026-11-30T09:00:00Z")  # type: ignore[arg-type, return-value]
+
+
+async def test_times_from_a_clock_in_another_zone_are_recorded_in_utc() -> None:
+    # DESIGN: created_at, expires_at (and decision times) are aware UTC datetimes, so
+    # every store shows the same time whatever zone the application's clock uses.
+    oslo = datetime.timezone(datetime.timedelta(hours=2))
+    local = datetime.datetime(2030, 1, 1, 12, 0, tzinfo=oslo)
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store, clock=lambda: local)
+    model = ScriptedModel([call("refund", id="c1", order_id="1"), "Done."])
+    agent = agent_with(model, refund_spec(Payments(), expires_after=60))
+    first = await rt.run(agent, "Refund order 1.")
+    request = first.interruption
+    assert request is not None
+    assert request.expires_at is not None
+    noon_utc = datetime.datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
+    for moment in (request.created_at, request.expires_at - datetime.timedelta(seconds=60)):
+        assert (moment, moment.tzinfo) == (noon_utc, UTC)
+    [pending] = await store.list_pending()
+    assert pending.created_at.tzinfo is UTC
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    [decision] = await store.decisions(first.run_id)
+    assert (decision.decided_at, decision.decided_at.tzinfo) == (noon_utc, UTC)
 
 
 async def test_a_clock_that_loses_its_time_zone_later_stops_the_run_before_it_saves() -> None:
