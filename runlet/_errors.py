@@ -179,17 +179,20 @@ class HumanResponseError(RunletError):
 
 class HumanResponseConflictError(HumanResponseError):
     """Raised when a request was already answered (the first accepted answer is final) and
-    the response given now differs from that answer. Repeating the *same* response is not
-    an error: :meth:`~runlet.Runtime.resume` then returns the stored result.
+    the response given now differs from that answer. Repeating the *same* response to the
+    same checkpoint is not an error: :meth:`~runlet.Runtime.resume` then returns the stored
+    result. A response to a request that an earlier checkpoint of the run already decided
+    (a form sent again whole to the run's latest checkpoint) raises it too.
 
     Attributes:
         checkpoint_id: The checkpoint the resume was given.
         request_id: The request id the refused response names (``None`` if it names
             none).
         next_checkpoint_id: Set only when the request is still open at a later checkpoint
-            (the checkpoint was resolved with answers to other requests): resume that
-            checkpoint with this same response. ``None`` otherwise: the request was
-            answered, and the first accepted answer is final.
+            (the checkpoint was resolved with answers to other requests): the checkpoint
+            where it is open now, however many resumes came in between; resume it with
+            this same response. ``None`` otherwise: the request was answered (the first
+            accepted answer is final), or the run was cancelled.
     """
 
     def __init__(

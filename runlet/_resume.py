@@ -38,6 +38,7 @@ import attrs
 from ._agent import Agent
 from ._checkpoint import Checkpoint, _check_json, check_integrity
 from ._errors import (
+    CheckpointNotFoundError,
     CheckpointResolvedError,
     CheckpointSerializationError,
     CheckpointStoreRequiredError,
@@ -141,7 +142,8 @@ async def _resume(
     if stored.status == "cancelled":
         raise cancelled_error(checkpoint_id)
     if stored.status == "resolved":
-        return await _repeated(trace, emit, _repeat(checkpoint_id, stored.resolution, responses))
+        repeat = await _repeat(durable_store, checkpoint_id, stored.resolution, responses)
+        return await _repeated(trace, emit, repeat)
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses, stored.records)
     _refuse_conflicts(checkpoint, answers, stored.records)
@@ -157,7 +159,8 @@ async def _resume(
         resolution = exc.resolution
         if not isinstance(resolution, Resolution):
             resolution = (await durable_store.get(checkpoint_id)).resolution
-        return await _repeated(trace, emit, _repeat(checkpoint_id, resolution, responses))
+        repeat = await _repeat(durable_store, checkpoint_id, resolution, responses)
+        return await _repeated(trace, emit, repeat)
     token = claim.token
     deferred: list[Checkpoint] = []
     in_memory = type(durable_store) is InMemoryCheckpointStore
@@ -279,6 +282,17 @@ def _decide(
         if request is None:
             waiting = ", ".join(repr(r.id) for r in requests)
             noun = "request" if len(requests) == 1 else "requests"
+            answered = _earlier_decision(checkpoint, response.request_id)
+            if answered is not None:  # answered at an earlier checkpoint of the run
+                raise HumanResponseConflictError(
+                    f"Request {answered.request_id!r} was already answered with "
+                    f"{answered.action!r} (by {answered.responded_by or 'an earlier resume'}) "
+                    "before this checkpoint; the first accepted answer is final. "
+                    f"Checkpoint {checkpoint.id!r} is waiting on {noun} {waiting}: answer only "
+                    f"{'that' if len(requests) == 1 else 'those'}.",
+                    checkpoint_id=checkpoint.id,
+                    request_id=answered.request_id,
+                )
             raise HumanResponseError(
                 f"This response answers request {response.request_id!r}, but checkpoint "
                 f"{checkpoint.id!r} is waiting on {noun} {waiting}. Resume with a request id "
@@ -316,6 +330,14 @@ def _decide(
             )
         answers[call_id] = _accept(agent, checkpoint, request, response, now)
     return answers
+
+
+def _earlier_decision(checkpoint: Checkpoint, request_id: object) -> Decision | None:
+    """The decision an earlier checkpoint of the run took on *request_id*, if any."""
+    for decision in checkpoint.decisions:
+        if decision.request_id == request_id:
+            return decision
+    return None
 
 
 def _accept(
@@ -632,8 +654,11 @@ async def _repeated(trace: RunTrace | None, emit: Emit | None, result: RunResult
     return result
 
 
-def _repeat(
-    checkpoint_id: str, resolution: Resolution | None, responses: Sequence[HumanResponse] | None
+async def _repeat(
+    store: DurableCheckpointStore,
+    checkpoint_id: str,
+    resolution: Resolution | None,
+    responses: Sequence[HumanResponse] | None,
 ) -> RunResult:
     """A resolved checkpoint: the stored result for the same answer, else a clear error."""
     if resolution is None:  # pragma: no cover - a store must keep the outcome
@@ -667,14 +692,7 @@ def _repeat(
         later = resolution.result.checkpoint_id
         still_open = {request.id for request in resolution.result.pending_requests}
         if decision is None and later is not None and response.request_id in still_open:
-            raise HumanResponseConflictError(
-                f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
-                f"request {response.request_id!r} is still open at checkpoint {later!r}. "
-                "Resume that checkpoint with this response.",
-                checkpoint_id=checkpoint_id,
-                request_id=response.request_id,
-                next_checkpoint_id=later,
-            )
+            raise await _not_open_here(store, checkpoint_id, response.request_id, later)
         where = f"; the run went on to checkpoint {later!r}" if later else ""
         raise HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
@@ -684,6 +702,57 @@ def _repeat(
             request_id=getattr(response, "request_id", None),
         )
     return resolution.result
+
+
+# How many checkpoints of a run _not_open_here follows: far more than any run stops for.
+_MOST_HOPS = 1_000
+
+
+async def _not_open_here(
+    store: DurableCheckpointStore, checkpoint_id: str, request_id: str, later: str
+) -> HumanResponseConflictError:
+    """The error for a response to *request_id*, which resolved *checkpoint_id* left open
+    for *later*: follow the run from *later* to where the request is open now (another
+    resume may have moved it on since), or say what became of it."""
+    where, state = later, "open"
+    for _ in range(_MOST_HOPS):
+        try:
+            stored = await store.get(where)
+        except CheckpointNotFoundError:  # deleted or forgotten since: say what is known
+            break
+        if stored.status == "cancelled":
+            state = "cancelled"
+            break
+        resolution = stored.resolution
+        if stored.status != "resolved" or resolution is None:
+            break  # pending or claimed: the request is open here
+        if any(decision.request_id == request_id for decision in resolution.decisions):
+            state = "answered"
+            break
+        result = resolution.result
+        next_id = result.checkpoint_id
+        if next_id is None or all(request.id != request_id for request in result.pending_requests):
+            state = "answered"  # pragma: no cover - a run does not go on past an open request
+            break
+        where = next_id
+    start = f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
+    if state == "open":
+        return HumanResponseConflictError(
+            f"{start}request {request_id!r} is still open at checkpoint {where!r}. Resume "
+            "that checkpoint with this response.",
+            checkpoint_id=checkpoint_id,
+            request_id=request_id,
+            next_checkpoint_id=where,
+        )
+    if state == "cancelled":
+        end = f"the run was cancelled at checkpoint {where!r}, so it can no longer be answered."
+    else:
+        end = f"it was answered at checkpoint {where!r}, and the first accepted answer is final."
+    return HumanResponseConflictError(
+        f"{start}request {request_id!r} stayed open, but {end}",
+        checkpoint_id=checkpoint_id,
+        request_id=request_id,
+    )
 
 
 def _check_agent(agent: Agent, checkpoint: Checkpoint) -> None:

@@ -320,8 +320,10 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         ...
 
     async def decisions(self, run_id: str, /) -> Sequence[Decision]:
-        """Every decision recorded for the run's checkpoints, oldest first (by
-        :attr:`~runlet.Decision.decided_at`)."""
+        """Every decision recorded for the run's checkpoints, oldest first: by checkpoint,
+        in the order they were saved (which is the run's order), then in the order they
+        were recorded. Not by :attr:`~runlet.Decision.decided_at`, which comes from the
+        clock of the worker that took the decision: workers' clocks may disagree."""
         ...
 
 
@@ -580,15 +582,15 @@ class InMemoryCheckpointStore:
         return found
 
     async def decisions(self, run_id: str) -> Sequence[Decision]:
-        """Every decision recorded for the run's checkpoints, oldest first."""
-        found = [
+        """Every decision recorded for the run's checkpoints, oldest first (see
+        :meth:`DurableCheckpointStore.decisions`)."""
+        # Entries and records keep the order they were first stored in.
+        return [
             record.decision
             for entry in self._entries.values()
             if entry.checkpoint.run_id == run_id
             for record in entry.records.values()
         ]
-        found.sort(key=lambda decision: decision.decided_at)
-        return found
 
     def _finish(self, checkpoint_id: str) -> None:
         keep = self._keep

@@ -258,7 +258,9 @@ def semantics_tests(factory: Factory) -> type:
                     ):
                         await store.list_pending(metadata=wrong)
 
-        async def test_decisions_oldest_first_across_checkpoints(self) -> None:
+        async def test_decisions_in_the_run_s_order_across_checkpoints(self) -> None:
+            # By checkpoint as saved, then as recorded; decided_at (a worker's clock)
+            # does not reorder them.
             first = checkpoint("cp_1", calls=2)
             second = checkpoint("cp_2")
             other = checkpoint("cp_3", run_id="run_2")
@@ -274,8 +276,8 @@ def semantics_tests(factory: Factory) -> type:
                     await store.record(cp.id, claim.token, records)
                     await store.release(cp.id, claim.token)
                 assert [
-                    decision(first, 0, minutes=1),
                     decision(first, 1, minutes=2),
+                    decision(first, 0, minutes=1),
                     decision(second, 0, minutes=3),
                 ] == list(await store.decisions("run_1"))
                 assert [] == list(await store.decisions("run_nope"))

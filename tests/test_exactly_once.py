@@ -1181,6 +1181,58 @@ async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one()
     assert ["1"] == list(payments.paid.values())
 
 
+@pytest.mark.parametrize("end", ["answered", "cancelled"])
+async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_waits(
+    end: str,
+) -> None:
+    payments = Payments()
+    calls = [call("refund", id=name, order_id=name) for name in ("a", "b", "c")]
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(ScriptedModel([calls, "Done."]), refund_spec(payments))
+    r1 = await rt.run(agent, "Refund three.")
+    a, b, c = r1.pending_requests
+    r2 = await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(a.id, "approve"))
+    r3 = await rt.resume(agent, checkpoint_id=cp(r2), response=HumanResponse(b.id, "approve"))
+    assert (c,) == r3.pending_requests
+
+    # Sent to the first checkpoint, two resumes ago: named where it waits now.
+    with pytest.raises(HumanResponseConflictError) as info:
+        await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(c.id, "approve"))
+    assert (cp(r1), c.id, cp(r3)) == (
+        info.value.checkpoint_id,
+        info.value.request_id,
+        info.value.next_checkpoint_id,
+    )
+
+    # Sent to the latest checkpoint, an answer to a request decided before it is a
+    # conflict (not a made-up request id), equal or not; the checkpoint stays resumable.
+    c_ok = HumanResponse(c.id, "approve")
+    for response in (HumanResponse(a.id, "reject"), HumanResponse(b.id, "approve")):
+        with pytest.raises(HumanResponseConflictError, match="already answered") as info:
+            await rt.resume(agent, checkpoint_id=cp(r3), responses=[response, c_ok])
+        assert (cp(r3), response.request_id, None) == (
+            info.value.checkpoint_id,
+            info.value.request_id,
+            info.value.next_checkpoint_id,
+        )
+    with pytest.raises(HumanResponseError) as made_up:
+        await rt.resume(agent, checkpoint_id=cp(r3), response=HumanResponse("req_x", "approve"))
+    assert type(made_up.value) is HumanResponseError
+
+    if end == "answered":
+        done = await rt.resume(agent, checkpoint_id=cp(r3), response=c_ok)
+        assert "completed" == done.status
+        said = f"answered at checkpoint '{cp(r3)}'"
+    else:
+        await rt.cancel(cp(r3))
+        said = f"cancelled at checkpoint '{cp(r3)}'"
+    for where in (r1, r2):
+        with pytest.raises(HumanResponseConflictError, match=said) as info:
+            await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
+        assert info.value.next_checkpoint_id is None
+    assert sorted(payments.paid.values()) == (["a", "b", "c"] if end == "answered" else ["a", "b"])
+
+
 async def test_several_answers_in_one_call_and_the_audit_trail() -> None:
     payments = Payments()
     model = ScriptedModel(

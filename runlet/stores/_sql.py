@@ -514,16 +514,16 @@ class SQLStore:
         return await self._run(work)
 
     async def decisions(self, run_id: str) -> Sequence[Decision]:
-        """Every decision recorded for the run's checkpoints, oldest first."""
+        """Every decision recorded for the run's checkpoints, oldest first: by checkpoint
+        in the order they were saved, then in the order recorded (not by ``decided_at``,
+        which comes from each worker's own clock)."""
         if self._unstorable(run_id):
             return []
 
         def work() -> list[Decision]:
             with self._connection(write=False, atomic=False) as conn:
                 rows = conn.execute(self._sql.decisions, {"run_id": run_id}).fetchall()
-            found = [record.decision for record in _records(rows)]
-            found.sort(key=lambda decision: decision.decided_at)
-            return found
+            return [record.decision for record in _records(rows)]
 
         return await self._run(work)
 

@@ -673,18 +673,31 @@ def store_conformance_tests(
         async def test_decisions_are_listed_by_run_oldest_first(
             self, store: DurableCheckpointStore
         ) -> None:
-            later = sample_checkpoint("cp_2")
-            earlier = sample_checkpoint("cp_1")
-            other = sample_checkpoint("cp_3", run_id="run_2")
-            for checkpoint, minute in ((later, 9), (earlier, 3), (other, 1)):
+            # In the run's order: by checkpoint as saved, then as recorded. Not by
+            # decided_at: it comes from each worker's clock, and clocks disagree (here the
+            # second checkpoint's worker runs six minutes behind the first's).
+            first = sample_checkpoint("cp_9")
+            second = sample_checkpoint("cp_1")
+            other = sample_checkpoint("cp_5", run_id="run_2")
+            for checkpoint, minute, call_ids in (
+                (first, 9, ["call_b", "call_a"]),
+                (other, 1, ["call_x"]),
+                (second, 3, ["call_c"]),
+            ):
                 await store.save(checkpoint)
                 claim = await store.claim(checkpoint.id)
-                decision = sample_decision(checkpoint, minute=minute)
-                record = CallRecord(tool_call_id=decision.tool_call_id, decision=decision)
-                await store.record(checkpoint.id, claim.token, [record])
+                for call_id in call_ids:  # one record call each, as a resume's results
+                    decision = sample_decision(checkpoint, minute=minute)
+                    decision = Decision(**{**_fields(decision), "tool_call_id": call_id})
+                    record = CallRecord(tool_call_id=call_id, decision=decision)
+                    await store.record(checkpoint.id, claim.token, [record])
             decisions = await store.decisions("run_1")
-            assert [d.checkpoint_id for d in decisions] == ["cp_1", "cp_2"]
-            assert sample_decision(earlier, minute=3) == decisions[0]
+            assert [(d.checkpoint_id, d.tool_call_id) for d in decisions] == [
+                ("cp_9", "call_b"),
+                ("cp_9", "call_a"),
+                ("cp_1", "call_c"),
+            ]
+            assert decisions[2].decided_at < decisions[0].decided_at
             assert list(await store.decisions("run_none")) == []
 
         # --- Cancellation ------------------------------------------------------------
