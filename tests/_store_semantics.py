@@ -25,6 +25,7 @@ from runlet import (
     Checkpoint,
     CheckpointClaimedError,
     CheckpointNotFoundError,
+    CheckpointSerializationError,
     ConfigurationError,
     Decision,
     HumanRequest,
@@ -337,6 +338,28 @@ def sql_store_tests(factory: Factory, *, rewind: str) -> type:
                 await store.renew("cp_1", claim.token)  # not yet taken over: still held
                 with pytest.raises(CheckpointClaimedError):
                     await store.claim("cp_1")
+
+        async def test_a_row_list_pending_cannot_read_is_named_and_can_be_retired(
+            self,
+        ) -> None:
+            # One bad row (a hand edit, data of a newer version) must not hide which one
+            # it is: an operator retires it and the inbox lists the rest again.
+            async with factory(60.0) as store:
+                for name in ("cp_1", "cp_2", "cp_3"):
+                    await store.save(checkpoint(name))
+                await execute(
+                    store,
+                    "UPDATE runlet_checkpoints SET data = '{\"version\": 99}' WHERE id = 'cp_2'",
+                )
+                with pytest.raises(CheckpointSerializationError, match="version 99") as caught:
+                    await store.list_pending()
+                assert "Checkpoint 'cp_2' in this store cannot be read" in str(caught.value)
+                assert [("cp_1",)] == [
+                    (found.checkpoint_id,) for found in await store.list_pending(limit=1)
+                ]
+                await store.cancel("cp_2")
+                listed = await store.list_pending()
+                assert ["cp_1", "cp_3"] == [found.checkpoint_id for found in listed]
 
         async def test_cancelling_again_keeps_the_first_finished_time(self) -> None:
             async with factory(60.0) as store:

@@ -598,8 +598,17 @@ def _pages(
     found: list[PendingRequest] = []
     while True:
         rows = conn.execute(statement, {**params, "after": start}).fetchall()
-        for _, data in rows:
-            checkpoint = _checkpoint(data)
+        for _, checkpoint_id, data in rows:
+            try:
+                checkpoint = _checkpoint(data)
+            except CheckpointSerializationError as exc:
+                # Say which one: an operator can retire it and list the others again.
+                raise CheckpointSerializationError(
+                    f"Checkpoint {checkpoint_id!r} in this store cannot be read, so "
+                    f"list_pending cannot list past it: {str(exc).rstrip('.')}. Retire it with "
+                    f"runtime.cancel({checkpoint_id!r}) (or store.delete(...) to forget it).",
+                    path=exc.path,
+                ) from exc
             if metadata_matches(checkpoint.metadata, wanted):
                 found.append(PendingRequest.of(checkpoint))
                 if len(found) == limit:

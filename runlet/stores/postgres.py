@@ -179,7 +179,7 @@ SEQ: Final = "SELECT seq FROM runlet_checkpoints WHERE id = %(id)s"
 # The metadata pre-filter: every key of %(keys)s is present and the string values of
 # %(strings)s are equal (jsonb compares other scalars differently from Python).
 PAGE: Final = """
-SELECT seq, data FROM runlet_checkpoints
+SELECT seq, id, data FROM runlet_checkpoints
 WHERE status IN ('pending', 'claimed')
   AND seq > %(after)s
   AND (%(agent_name)s::text IS NULL OR agent_name = %(agent_name)s::text)
