@@ -188,11 +188,13 @@ class HumanResponseConflictError(HumanResponseError):
         checkpoint_id: The checkpoint the resume was given.
         request_id: The request id the refused response names (``None`` if it names
             none).
-        next_checkpoint_id: Set only when the request is still open at a later checkpoint
-            (the checkpoint was resolved with answers to other requests): the checkpoint
-            where it is open now, however many resumes came in between; resume it with
-            this same response. ``None`` otherwise: the request was answered (the first
-            accepted answer is final), or the run was cancelled.
+        next_checkpoint_id: Set only when the checkpoint was resolved with answers to
+            other requests and the request went on to a later checkpoint: the one where
+            it is open now (however many resumes came in between), or where this same
+            response was accepted since. Resume it with this same response (to answer
+            it, or to get the stored result again). ``None`` otherwise: the request was
+            answered differently (the first accepted answer is final), or the run was
+            cancelled.
     """
 
     def __init__(

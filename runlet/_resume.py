@@ -283,6 +283,8 @@ def _decide(
             waiting = ", ".join(repr(r.id) for r in requests)
             noun = "request" if len(requests) == 1 else "requests"
             answered = _earlier_decision(checkpoint, response.request_id)
+            if answered is not None and answered.action == "expire":
+                raise _expired_before(checkpoint.id, answered.request_id)
             if answered is not None:  # answered at an earlier checkpoint of the run
                 raise HumanResponseConflictError(
                     f"Request {answered.request_id!r} was already answered with "
@@ -482,6 +484,12 @@ async def _continue(
                 fresh.append(_new_record(tool_call_id=call_id, decision=answer, result=None))
     if record is not None and fresh:
         await record(fresh)  # 3. decisions first: the first accepted answer is final
+    if earlier:
+        # Oldest first, as the store lists them: those an earlier attempt recorded, in
+        # the order it recorded them, then this attempt's, in call order.
+        ordered = {call_id: decided[call_id] for call_id in earlier if call_id in decided}
+        ordered.update(decided)  # a key already there keeps its place
+        decided = ordered
 
     run = RunState(
         agent=agent,
@@ -683,16 +691,11 @@ async def _repeat(
         if decision is not None and decision.answers_like(response):
             continue
         if decision is not None and decision.action == "expire":
-            raise HumanRequestExpiredError(
-                f"Request {decision.request_id!r} expired and the run went on without an "
-                "answer; this response can no longer be applied.",
-                checkpoint_id=checkpoint_id,
-                request_id=decision.request_id,
-            )
+            raise _expired_before(checkpoint_id, decision.request_id)
         later = resolution.result.checkpoint_id
         still_open = {request.id for request in resolution.result.pending_requests}
         if decision is None and later is not None and response.request_id in still_open:
-            raise await _not_open_here(store, checkpoint_id, response.request_id, later)
+            raise await _not_open_here(store, checkpoint_id, response, later)
         where = f"; the run went on to checkpoint {later!r}" if later else ""
         raise HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
@@ -709,47 +712,67 @@ _MOST_HOPS = 1_000
 
 
 async def _not_open_here(
-    store: DurableCheckpointStore, checkpoint_id: str, request_id: str, later: str
-) -> HumanResponseConflictError:
-    """The error for a response to *request_id*, which resolved *checkpoint_id* left open
-    for *later*: follow the run from *later* to where the request is open now (another
-    resume may have moved it on since), or say what became of it."""
-    where, state = later, "open"
+    store: DurableCheckpointStore, checkpoint_id: str, response: HumanResponse, later: str
+) -> HumanResponseError:
+    """The error for *response*, whose request resolved *checkpoint_id* left open for
+    *later*: follow the run from *later* to where the request is open now (other resumes
+    may have moved it on since), or to where it was decided, and say so."""
+    request_id = response.request_id
+    where, decided = later, None
     for _ in range(_MOST_HOPS):
         try:
             stored = await store.get(where)
         except CheckpointNotFoundError:  # deleted or forgotten since: say what is known
             break
         if stored.status == "cancelled":
-            state = "cancelled"
-            break
+            return HumanResponseConflictError(
+                f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
+                f"request {request_id!r} stayed open, but the run was cancelled at checkpoint "
+                f"{where!r}, so it can no longer be answered.",
+                checkpoint_id=checkpoint_id,
+                request_id=request_id,
+            )
         resolution = stored.resolution
         if stored.status != "resolved" or resolution is None:
             break  # pending or claimed: the request is open here
-        if any(decision.request_id == request_id for decision in resolution.decisions):
-            state = "answered"
-            break
+        decided = next((d for d in resolution.decisions if d.request_id == request_id), None)
         result = resolution.result
-        next_id = result.checkpoint_id
-        if next_id is None or all(request.id != request_id for request in result.pending_requests):
-            state = "answered"  # pragma: no cover - a run does not go on past an open request
+        if decided is not None or result.checkpoint_id is None:
             break
-        where = next_id
+        if all(request.id != request_id for request in result.pending_requests):
+            break  # pragma: no cover - a run does not go on past an open request
+        where = result.checkpoint_id
+    if decided is not None and decided.action == "expire":
+        return _expired_before(checkpoint_id, request_id)
     start = f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
-    if state == "open":
+    if decided is not None and decided.answers_like(response):
         return HumanResponseConflictError(
-            f"{start}request {request_id!r} is still open at checkpoint {where!r}. Resume "
-            "that checkpoint with this response.",
+            f"{start}this same response to request {request_id!r} was accepted at checkpoint "
+            f"{where!r}. Resume that checkpoint with it to get its result again.",
             checkpoint_id=checkpoint_id,
             request_id=request_id,
             next_checkpoint_id=where,
         )
-    if state == "cancelled":
-        end = f"the run was cancelled at checkpoint {where!r}, so it can no longer be answered."
-    else:
-        end = f"it was answered at checkpoint {where!r}, and the first accepted answer is final."
+    if decided is not None:
+        return HumanResponseConflictError(
+            f"{start}request {request_id!r} was answered differently at checkpoint {where!r}, "
+            "and the first accepted answer is final.",
+            checkpoint_id=checkpoint_id,
+            request_id=request_id,
+        )
     return HumanResponseConflictError(
-        f"{start}request {request_id!r} stayed open, but {end}",
+        f"{start}request {request_id!r} is still open at checkpoint {where!r}. Resume that "
+        "checkpoint with this response.",
+        checkpoint_id=checkpoint_id,
+        request_id=request_id,
+        next_checkpoint_id=where,
+    )
+
+
+def _expired_before(checkpoint_id: str, request_id: str) -> HumanRequestExpiredError:
+    return HumanRequestExpiredError(
+        f"Request {request_id!r} expired and the run went on without an answer; this "
+        "response can no longer be applied.",
         checkpoint_id=checkpoint_id,
         request_id=request_id,
     )

@@ -386,6 +386,34 @@ async def test_an_idempotent_call_cut_off_runs_again_with_the_same_key() -> None
     assert 1 == len(payments.paid)
 
 
+async def test_decisions_of_a_cut_off_attempt_come_first_in_the_result_and_the_store() -> None:
+    # The first attempt answers b alone and is cut off inside b's handler; the second
+    # answers a and b. Oldest first is b, then a, in the result as in the store.
+    payments = Payments()
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store)
+    model = ScriptedModel([[call("refund", id=n, order_id=n) for n in ("a", "b")], "Done."])
+    agent = agent_with(model, refund_spec(payments, idempotent=True))
+    first = await rt.run(agent, "Refund both.")
+    a, b = first.pending_requests
+    payments.block = anyio.Event()
+    async with anyio.create_task_group() as group:
+
+        async def attempt() -> None:
+            await rt.resume(agent, checkpoint_id=cp(first), response=HumanResponse(b.id, "approve"))
+
+        group.start_soon(attempt)
+        await payments.entered.wait()
+        group.cancel_scope.cancel()
+    payments.block = None
+
+    both = [HumanResponse(a.id, "approve"), HumanResponse(b.id, "approve")]
+    done = await rt.resume(agent, checkpoint_id=cp(first), responses=both)
+    assert "completed" == done.status
+    assert [b.id, a.id] == [d.request_id for d in done.decisions]
+    assert list(done.decisions) == list(await store.decisions(done.run_id))
+
+
 async def test_a_non_idempotent_call_cut_off_is_asked_about_again() -> None:
     rt, agent, payments, first = await interrupted_inside_handler()
 
@@ -1181,14 +1209,15 @@ async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one()
     assert ["1"] == list(payments.paid.values())
 
 
-@pytest.mark.parametrize("end", ["answered", "cancelled"])
+@pytest.mark.parametrize("end", ["answered", "cancelled", "expired"])
 async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_waits(
     end: str,
 ) -> None:
     payments = Payments()
     calls = [call("refund", id=name, order_id=name) for name in ("a", "b", "c")]
     rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
-    agent = agent_with(ScriptedModel([calls, "Done."]), refund_spec(payments))
+    model = ScriptedModel([calls, call("refund", id="d", order_id="d")])
+    agent = agent_with(model, refund_spec(payments))
     r1 = await rt.run(agent, "Refund three.")
     a, b, c = r1.pending_requests
     r2 = await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(a.id, "approve"))
@@ -1196,8 +1225,9 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
     assert (c,) == r3.pending_requests
 
     # Sent to the first checkpoint, two resumes ago: named where it waits now.
-    with pytest.raises(HumanResponseConflictError) as info:
-        await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(c.id, "approve"))
+    c_ok = HumanResponse(c.id, "approve")
+    with pytest.raises(HumanResponseConflictError, match="still open") as info:
+        await rt.resume(agent, checkpoint_id=cp(r1), response=c_ok)
     assert (cp(r1), c.id, cp(r3)) == (
         info.value.checkpoint_id,
         info.value.request_id,
@@ -1206,7 +1236,6 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
 
     # Sent to the latest checkpoint, an answer to a request decided before it is a
     # conflict (not a made-up request id), equal or not; the checkpoint stays resumable.
-    c_ok = HumanResponse(c.id, "approve")
     for response in (HumanResponse(a.id, "reject"), HumanResponse(b.id, "approve")):
         with pytest.raises(HumanResponseConflictError, match="already answered") as info:
             await rt.resume(agent, checkpoint_id=cp(r3), responses=[response, c_ok])
@@ -1219,18 +1248,37 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
         await rt.resume(agent, checkpoint_id=cp(r3), response=HumanResponse("req_x", "approve"))
     assert type(made_up.value) is HumanResponseError
 
+    stale = (r1, r2)
     if end == "answered":
-        done = await rt.resume(agent, checkpoint_id=cp(r3), response=c_ok)
-        assert "completed" == done.status
-        said = f"answered at checkpoint '{cp(r3)}'"
-    else:
+        r4 = await rt.resume(agent, checkpoint_id=cp(r3), response=c_ok)
+        for where in stale:
+            # The same answer again: sent on to where it was accepted, which repeats
+            # its result; a different one is refused for good.
+            with pytest.raises(HumanResponseConflictError, match="same response") as info:
+                await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
+            assert cp(r3) == info.value.next_checkpoint_id
+            no = HumanResponse(c.id, "reject")
+            with pytest.raises(HumanResponseConflictError, match="differently") as info:
+                await rt.resume(agent, checkpoint_id=cp(where), response=no)
+            assert info.value.next_checkpoint_id is None
+        assert r4 == await rt.resume(agent, checkpoint_id=cp(r3), response=c_ok)
+        assert ["a", "b", "c"] == sorted(payments.paid.values())
+    elif end == "cancelled":
         await rt.cancel(cp(r3))
-        said = f"cancelled at checkpoint '{cp(r3)}'"
-    for where in (r1, r2):
-        with pytest.raises(HumanResponseConflictError, match=said) as info:
-            await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
-        assert info.value.next_checkpoint_id is None
-    assert sorted(payments.paid.values()) == (["a", "b", "c"] if end == "answered" else ["a", "b"])
+        for where in stale:
+            with pytest.raises(HumanResponseConflictError, match="cancelled") as info:
+                await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
+            assert info.value.next_checkpoint_id is None
+        assert ["a", "b"] == sorted(payments.paid.values())
+    else:
+        r4 = await rt.expire(agent, checkpoint_id=cp(r3))
+        assert r4.checkpoint_id is not None  # the model went on to another call
+        # Expired, wherever the answer is sent: before, at, or after where it expired.
+        for where in (*stale, r3, r4):
+            with pytest.raises(HumanRequestExpiredError) as expired:
+                await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
+            assert c.id == expired.value.request_id
+        assert ["a", "b"] == sorted(payments.paid.values())
 
 
 async def test_several_answers_in_one_call_and_the_audit_trail() -> None:

@@ -39,8 +39,8 @@ READ_VERSION: Final = "SELECT version FROM runlet_schema"
 WRITE_VERSION: Final = "INSERT INTO runlet_schema (version) VALUES (:version)"
 
 # created_at (checkpoints) and decided_at (records) are written for operators' own
-# queries (dashboards, audits); the store itself orders by seq and sorts decisions by
-# their decided_at in Python, which is right for any time zone.
+# queries (dashboards, audits); the store itself orders by seq (checkpoints as saved,
+# records as recorded), which no worker's clock can reorder.
 CREATE_CHECKPOINTS: Final = """
 CREATE TABLE IF NOT EXISTS runlet_checkpoints (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
