@@ -260,7 +260,9 @@ class PostgresCheckpointStore(SQLStore):
         conninfo: A libpq connection string or URI.
         lease: Seconds a claim lasts without renewal (the resume renews it every third of
             the lease while it works). After a crash, the checkpoint can be taken over
-            once the lease has run out, by the server's clock. ``None``: until released.
+            once the lease has run out, by the server's clock. ``None``: until released,
+            never taken over, not even after its process died (see the stores page
+            before choosing it).
         min_size: Connections the pool keeps open.
         max_size: Connections the pool opens at most; also how many calls run at once.
         timeout: Seconds to wait for the server when opening, and for a free connection.

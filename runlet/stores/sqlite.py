@@ -274,7 +274,8 @@ class SQLiteCheckpointStore(SQLStore):
             in one private in-memory database, for tests.
         lease: Seconds a claim lasts without renewal (the resume renews it every third of
             the lease while it works). After a crash, the checkpoint can be taken over
-            once the lease has run out. ``None``: until released, never taken over.
+            once the lease has run out. ``None``: until released, never taken over, not
+            even after its process died (see the stores page before choosing it).
         busy_timeout: Seconds a write waits for another process's write before SQLite
             gives up with ``sqlite3.OperationalError: database is locked``.
         connections: Connections (and so worker threads) the store uses at most.
