@@ -142,7 +142,7 @@ async def _resume(
     if stored.status == "cancelled":
         raise cancelled_error(checkpoint_id)
     if stored.status == "resolved":
-        repeat = await _repeat(durable_store, checkpoint_id, stored.resolution, responses)
+        repeat = await _repeat(loop, durable_store, stored.checkpoint, stored.resolution, responses)
         return await _repeated(trace, emit, repeat)
     checkpoint = stored.checkpoint
     answers = _decide(loop, agent, checkpoint, responses, stored.records)
@@ -159,7 +159,7 @@ async def _resume(
         resolution = exc.resolution
         if not isinstance(resolution, Resolution):
             resolution = (await durable_store.get(checkpoint_id)).resolution
-        repeat = await _repeat(durable_store, checkpoint_id, resolution, responses)
+        repeat = await _repeat(loop, durable_store, checkpoint, resolution, responses)
         return await _repeated(trace, emit, repeat)
     token = claim.token
     deferred: list[Checkpoint] = []
@@ -286,15 +286,9 @@ def _decide(
             if answered is not None and answered.action == "expire":
                 raise _expired_before(checkpoint.id, answered.request_id)
             if answered is not None:  # answered at an earlier checkpoint of the run
-                raise HumanResponseConflictError(
-                    f"Request {answered.request_id!r} was already answered with "
-                    f"{answered.action!r} (by {answered.responded_by or 'an earlier resume'}) "
-                    "before this checkpoint; the first accepted answer is final. "
-                    f"Checkpoint {checkpoint.id!r} is waiting on {noun} {waiting}: answer only "
-                    f"{'that' if len(requests) == 1 else 'those'}.",
-                    checkpoint_id=checkpoint.id,
-                    request_id=answered.request_id,
-                )
+                them = "that" if len(requests) == 1 else "those"
+                hint = f" It is waiting on {noun} {waiting}: answer only {them}."
+                raise _decided_before(checkpoint, answered, hint)
             raise HumanResponseError(
                 f"This response answers request {response.request_id!r}, but checkpoint "
                 f"{checkpoint.id!r} is waiting on {noun} {waiting}. Resume with a request id "
@@ -455,8 +449,8 @@ async def _continue(
 ) -> tuple[RunResult, tuple[Decision, ...]]:
     """Steps 3-5: record the decisions (with *record*), run the approved calls (recording
     each result with *record_result*, by default *record*), then interrupt for what is
-    left or continue the run. Returns the result and this
-    checkpoint's decisions in call order."""
+    left or continue the run. Returns the result and this checkpoint's decisions, oldest
+    first (those an earlier attempt recorded, then this one's in call order)."""
     # The common case (a first attempt, nothing answered beside it) skips the building.
     earlier = {known.tool_call_id: known for known in records} if records else {}
     expiring = bool(earlier) and all(answer.action == "expire" for answer in answers.values())
@@ -663,12 +657,15 @@ async def _repeated(trace: RunTrace | None, emit: Emit | None, result: RunResult
 
 
 async def _repeat(
+    loop: Loop,
     store: DurableCheckpointStore,
-    checkpoint_id: str,
+    checkpoint: Checkpoint,
     resolution: Resolution | None,
     responses: Sequence[HumanResponse] | None,
 ) -> RunResult:
-    """A resolved checkpoint: the stored result for the same answer, else a clear error."""
+    """A resolved *checkpoint*: the stored result for the same answer, else a clear
+    error."""
+    checkpoint_id = checkpoint.id
     if resolution is None:  # pragma: no cover - a store must keep the outcome
         raise CheckpointResolvedError(
             f"Checkpoint {checkpoint_id!r} was resolved, but its store kept no outcome.",
@@ -687,85 +684,132 @@ async def _repeat(
             resolution=resolution,
         )
     for response in responses:
-        decision = decisions.get(getattr(response, "request_id", None))  # type: ignore[arg-type]
+        if type(response) is not HumanResponse and not isinstance(response, HumanResponse):
+            raise HumanResponseError(
+                f"resume() needs a HumanResponse, got {type(response).__name__}."
+            )
+        decision = decisions.get(response.request_id)
         if decision is not None and decision.answers_like(response):
             continue
+        if decision is None:  # decided before this checkpoint, perhaps
+            decision = _earlier_decision(checkpoint, response.request_id)
+            if decision is not None and decision.action != "expire":
+                raise _decided_before(checkpoint, decision)
         if decision is not None and decision.action == "expire":
             raise _expired_before(checkpoint_id, decision.request_id)
         later = resolution.result.checkpoint_id
-        still_open = {request.id for request in resolution.result.pending_requests}
-        if decision is None and later is not None and response.request_id in still_open:
-            raise await _not_open_here(store, checkpoint_id, response, later)
-        where = f"; the run went on to checkpoint {later!r}" if later else ""
+        if decision is None and later is not None:  # perhaps decided, or open, later on
+            raise await _not_decided_here(loop, store, checkpoint_id, response, later)
         raise HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
-            f"accepted answer is final){where}. Repeat the original response to get its "
-            "result again.",
+            "accepted answer is final). Repeat the original response to get its result "
+            "again.",
             checkpoint_id=checkpoint_id,
-            request_id=getattr(response, "request_id", None),
+            request_id=response.request_id,
         )
     return resolution.result
 
 
-# How many checkpoints of a run _not_open_here follows: far more than any run stops for.
+def _decided_before(
+    checkpoint: Checkpoint, decision: Decision, hint: str = ""
+) -> HumanResponseConflictError:
+    """The error for a response to a request an earlier checkpoint of the run decided."""
+    return HumanResponseConflictError(
+        f"Request {decision.request_id!r} was already answered with {decision.action!r} (by "
+        f"{decision.responded_by or 'an earlier resume'}) at checkpoint "
+        f"{decision.checkpoint_id!r}, before checkpoint {checkpoint.id!r}; the first "
+        f"accepted answer is final.{hint}",
+        checkpoint_id=checkpoint.id,
+        request_id=decision.request_id,
+    )
+
+
+# How many checkpoints of a run _not_decided_here follows: far more than any run stops for.
 _MOST_HOPS = 1_000
 
 
-async def _not_open_here(
-    store: DurableCheckpointStore, checkpoint_id: str, response: HumanResponse, later: str
+async def _not_decided_here(
+    loop: Loop,
+    store: DurableCheckpointStore,
+    checkpoint_id: str,
+    response: HumanResponse,
+    later: str,
 ) -> HumanResponseError:
-    """The error for *response*, whose request resolved *checkpoint_id* left open for
-    *later*: follow the run from *later* to where the request is open now (other resumes
-    may have moved it on since), or to where it was decided, and say so."""
+    """The error for *response* to resolved *checkpoint_id*, which neither it nor an
+    earlier checkpoint decided: follow the run from *later*, its next checkpoint, to
+    where the request is open now (other resumes may have moved it on since) or was
+    decided, and say so."""
     request_id = response.request_id
-    where, decided = later, None
+    start = f"Checkpoint {checkpoint_id!r} was resolved without an answer to request "
+    start += f"{request_id!r}; "
+    where = later
     for _ in range(_MOST_HOPS):
         try:
             stored = await store.get(where)
-        except CheckpointNotFoundError:  # deleted or forgotten since: say what is known
-            break
+        except CheckpointNotFoundError:  # deleted or forgotten since: say so
+            return HumanResponseConflictError(
+                f"{start}the run went on to checkpoint {where!r}, which this store no longer has.",
+                checkpoint_id=checkpoint_id,
+                request_id=request_id,
+            )
         if stored.status == "cancelled":
             return HumanResponseConflictError(
-                f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
-                f"request {request_id!r} stayed open, but the run was cancelled at checkpoint "
-                f"{where!r}, so it can no longer be answered.",
+                f"{start}the run was cancelled at checkpoint {where!r}, so it can no longer "
+                "be answered.",
                 checkpoint_id=checkpoint_id,
                 request_id=request_id,
             )
         resolution = stored.resolution
-        if stored.status != "resolved" or resolution is None:
-            break  # pending or claimed: the request is open here
+        if stored.status != "resolved" or resolution is None:  # pending or claimed
+            requests = stored.checkpoint.open_requests
+            request = next((r for r in requests if r.id == request_id), None)
+            if request is None:
+                break  # not a request of this run's: a wrong id
+            expires_at = request.expires_at
+            answered = any(r.tool_call_id == request.tool_call.id for r in stored.records)
+            if expires_at is not None and loop.clock() >= expires_at and not answered:
+                return HumanRequestExpiredError(
+                    f"Request {request_id!r} expired at {expires_at.isoformat()}, before this "
+                    f"response came (it waits at checkpoint {where!r}). Record the expiry "
+                    "with runtime.expire(...) or retire the run with runtime.cancel(...).",
+                    checkpoint_id=checkpoint_id,
+                    request_id=request_id,
+                )
+            return HumanResponseConflictError(
+                f"{start}it is still open at checkpoint {where!r}. Resume that checkpoint with "
+                "this response.",
+                checkpoint_id=checkpoint_id,
+                request_id=request_id,
+                next_checkpoint_id=where,
+            )
         decided = next((d for d in resolution.decisions if d.request_id == request_id), None)
-        result = resolution.result
-        if decided is not None or result.checkpoint_id is None:
-            break
-        if all(request.id != request_id for request in result.pending_requests):
-            break  # pragma: no cover - a run does not go on past an open request
-        where = result.checkpoint_id
-    if decided is not None and decided.action == "expire":
-        return _expired_before(checkpoint_id, request_id)
-    start = f"Checkpoint {checkpoint_id!r} was resolved with answers to other requests; "
-    if decided is not None and decided.answers_like(response):
-        return HumanResponseConflictError(
-            f"{start}this same response to request {request_id!r} was accepted at checkpoint "
-            f"{where!r}. Resume that checkpoint with it to get its result again.",
-            checkpoint_id=checkpoint_id,
-            request_id=request_id,
-            next_checkpoint_id=where,
-        )
-    if decided is not None:
-        return HumanResponseConflictError(
-            f"{start}request {request_id!r} was answered differently at checkpoint {where!r}, "
-            "and the first accepted answer is final.",
-            checkpoint_id=checkpoint_id,
-            request_id=request_id,
-        )
+        if decided is not None and decided.action == "expire":
+            return _expired_before(checkpoint_id, request_id)
+        if decided is not None and decided.answers_like(response):
+            return HumanResponseConflictError(
+                f"{start}this same response was accepted at checkpoint {where!r}. Resume that "
+                "checkpoint with it to get its result again.",
+                checkpoint_id=checkpoint_id,
+                request_id=request_id,
+                next_checkpoint_id=where,
+            )
+        if decided is not None:
+            return HumanResponseConflictError(
+                f"{start}it was answered differently at checkpoint {where!r}, and the first "
+                "accepted answer is final.",
+                checkpoint_id=checkpoint_id,
+                request_id=request_id,
+            )
+        next_id = resolution.result.checkpoint_id
+        if next_id is None:
+            break  # the run completed without it: a wrong id
+        where = next_id
     return HumanResponseConflictError(
-        f"{start}request {request_id!r} is still open at checkpoint {where!r}. Resume that "
-        "checkpoint with this response.",
+        f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
+        f"accepted answer is final); the run went on to checkpoint {later!r}. Repeat the "
+        "original response to get its result again.",
         checkpoint_id=checkpoint_id,
         request_id=request_id,
-        next_checkpoint_id=where,
     )
 
 

@@ -236,8 +236,10 @@ class Runtime:
                 action, option, or arguments that fail the tool's schema or are not
                 JSON).
             HumanResponseConflictError: The request was already answered differently,
-                or a resume already finished with this checkpoint without this answer
-                and the request is open at a later checkpoint (the error names it).
+                or at an earlier checkpoint of the run; or a resume already finished with
+                this checkpoint without this answer, and the request is open at a later
+                checkpoint or was answered the same way there (``next_checkpoint_id``
+                names it).
             HumanRequestExpiredError: The request expired before the answer came.
             MissingToolError: *agent* lacks a tool the checkpoint needs.
             CheckpointSerializationError: The checkpoint does not hang together.

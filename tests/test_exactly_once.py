@@ -1181,6 +1181,36 @@ async def test_a_json_checkpoint_from_another_process_resumes_exactly_once() -> 
     assert 1 == len(payments.attempts)
 
 
+async def test_stale_answers_to_a_resolved_checkpoint_get_the_error_of_their_case() -> None:
+    clock = Clock()
+    payments = Payments()
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store, clock=clock)
+    calls = [call("refund", id=name, order_id=name) for name in ("a", "b", "c")]
+    agent = agent_with(ScriptedModel([calls, "Done."]), refund_spec(payments, expires_after=60))
+    r1 = await rt.run(agent, "Refund three.")
+    a, b, c = r1.pending_requests
+    r2 = await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(a.id, "approve"))
+    r3 = await rt.resume(agent, checkpoint_id=cp(r2), response=HumanResponse(b.id, "approve"))
+
+    # Not a response at all: refused as such, as at a pending checkpoint.
+    for nonsense in ({"request_id": c.id, "action": "approve"}, None):
+        with pytest.raises(HumanResponseError, match="needs a HumanResponse"):
+            await rt.resume(agent, checkpoint_id=cp(r1), responses=[nonsense])  # type: ignore[list-item]
+
+    # Past its deadline, an answer sent to a stale checkpoint is expired, not sent on.
+    clock.advance(61)
+    with pytest.raises(HumanRequestExpiredError, match=f"waits at checkpoint '{cp(r3)}'"):
+        await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(c.id, "approve"))
+
+    # A checkpoint the run went on to that the store no longer has is not named as open.
+    await store.delete(cp(r2))
+    with pytest.raises(HumanResponseConflictError, match="no longer has") as info:
+        await rt.resume(agent, checkpoint_id=cp(r1), response=HumanResponse(c.id, "approve"))
+    assert info.value.next_checkpoint_id is None
+    assert ["a", "b"] == sorted(payments.paid.values())
+
+
 async def test_an_answer_sent_to_a_superseded_checkpoint_names_the_current_one() -> None:
     payments = Payments()
     model = ScriptedModel(
@@ -1216,7 +1246,7 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
     payments = Payments()
     calls = [call("refund", id=name, order_id=name) for name in ("a", "b", "c")]
     rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
-    model = ScriptedModel([calls, call("refund", id="d", order_id="d")])
+    model = ScriptedModel([calls, call("refund", id="d", order_id="d"), "Done."])
     agent = agent_with(model, refund_spec(payments))
     r1 = await rt.run(agent, "Refund three.")
     a, b, c = r1.pending_requests
@@ -1274,11 +1304,18 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
         r4 = await rt.expire(agent, checkpoint_id=cp(r3))
         assert r4.checkpoint_id is not None  # the model went on to another call
         # Expired, wherever the answer is sent: before, at, or after where it expired.
-        for where in (*stale, r3, r4):
+        d_ok = HumanResponse(r4.pending_requests[0].id, "approve")
+        r5 = await rt.resume(agent, checkpoint_id=cp(r4), response=d_ok)
+        for where in (*stale, r3, r4):  # all resolved by now
             with pytest.raises(HumanRequestExpiredError) as expired:
                 await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
             assert c.id == expired.value.request_id
-        assert ["a", "b"] == sorted(payments.paid.values())
+        # A request born after the checkpoint it is sent to is found where it was taken.
+        with pytest.raises(HumanResponseConflictError, match="same response") as info:
+            await rt.resume(agent, checkpoint_id=cp(r1), response=d_ok)
+        assert cp(r4) == info.value.next_checkpoint_id
+        assert r5 == await rt.resume(agent, checkpoint_id=cp(r4), response=d_ok)
+        assert ["a", "b", "d"] == sorted(payments.paid.values())
 
 
 async def test_several_answers_in_one_call_and_the_audit_trail() -> None:
