@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from types import MappingProxyType, UnionType
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, overload
 
 import attrs
 import cattrs
@@ -19,6 +19,12 @@ from ._human import Decision, HumanOption, HumanRequest, _new_request
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import show_arguments
 from ._util import slot_builder
+
+if TYPE_CHECKING:
+    from ._events import StreamEvent
+    from ._human import HumanResponse
+    from ._result import RunResult
+    from ._store import PendingRequest
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -964,6 +970,27 @@ def _v1_request(call: Any, request_id: str) -> Any:
 
 
 T = TypeVar("T")
+
+
+@overload
+def unstructure(
+    obj: RunResult
+    | HumanRequest
+    | HumanResponse
+    | PendingRequest
+    | Decision
+    | Message
+    | ToolCall
+    | ToolResult
+    | Usage
+    | HumanOption
+    | Checkpoint
+    | StreamEvent,
+) -> dict[str, Any]: ...
+
+
+@overload
+def unstructure(obj: object) -> Any: ...
 
 
 def unstructure(obj: Any) -> Any:

@@ -72,7 +72,7 @@ class Runtime:
             callable.
     """
 
-    __slots__ = ("_durable", "_loop", "checkpoint_store", "max_turns")
+    __slots__ = ("_durable", "_loop")
 
     def __init__(
         self,
@@ -97,11 +97,21 @@ class Runtime:
                 f"load() and delete() methods; got {type(checkpoint_store).__name__}. Use "
                 "InMemoryCheckpointStore() or a store of your own."
             )
-        self.checkpoint_store: CheckpointStore | None = checkpoint_store
-        self.max_turns: int = max_turns
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
         self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else _aware(clock))
         self._loop.tracing = Tracing(tracer_provider, trace_content)
+
+    # Read-only: every run of this runtime uses what it was built with. For another store
+    # or limit, build another Runtime (a runtime is cheap).
+    @property
+    def checkpoint_store(self) -> CheckpointStore | None:
+        """The store interrupted runs are saved in (read-only)."""
+        return self._loop.store
+
+    @property
+    def max_turns(self) -> int:
+        """The most model requests one run may make (read-only)."""
+        return self._loop.max_turns
 
     def __repr__(self) -> str:
         return f"Runtime(checkpoint_store={self.checkpoint_store!r}, max_turns={self.max_turns})"

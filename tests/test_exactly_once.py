@@ -605,7 +605,7 @@ def test_tool_options_of_the_design_may_be_given_in_its_order() -> None:
     spec = ToolSpec("refund", "Refund.", ORDER_SCHEMA, payments.refund, True, True, 30.0)
     assert (spec.requires_approval, spec.idempotent, spec.expires_after) == (True, True, 30.0)
     with pytest.raises(TypeError):  # the options after them stay keyword-only
-        ToolSpec("refund", "Refund.", ORDER_SCHEMA, payments.refund, True, True, 30.0, 5.0)  # type: ignore[misc]
+        ToolSpec("refund", "Refund.", ORDER_SCHEMA, payments.refund, True, True, 30.0, 5.0)  # type: ignore[call-arg]
 
 
 # --- Expiry and cancellation -------------------------------------------------------------
@@ -1669,6 +1669,19 @@ async def test_cancel_with_a_plain_store_deletes_the_checkpoint() -> None:
     assert {} == store.rows
     with pytest.raises(CheckpointNotFoundError):
         await rt.cancel(cp(first))
+
+
+def test_a_runtime_s_store_and_turn_limit_are_read_only() -> None:
+    # Every run uses what the runtime was built with; a later assignment would be
+    # silently ignored by runs (and half-used by cancel()), so it is refused.
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store, max_turns=3)
+    assert (rt.checkpoint_store, rt.max_turns) == (store, 3)
+    with pytest.raises(AttributeError):
+        rt.max_turns = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        rt.checkpoint_store = InMemoryCheckpointStore()  # type: ignore[misc]
+    assert (rt.checkpoint_store, rt.max_turns) == (store, 3)
 
 
 def test_runtime_refuses_a_clock_that_is_not_callable() -> None:

@@ -20,6 +20,7 @@ from runlet import (
     Runtime,
     ToolCall,
     ToolContext,
+    unstructure,
 )
 from runlet.testing import call
 
@@ -85,3 +86,14 @@ def interrupted_and_pending(pending: PendingRequest) -> tuple[Interrupted, Pendi
         pending.created_at,
     )
     return event, again
+
+
+def result_as_json(result: RunResult) -> dict[str, Any]:
+    # A data class comes out as a dict (not Any, which --strict would refuse to return).
+    return unstructure(result)
+
+
+def reconfigure(runtime: Runtime) -> None:
+    # Read-only: runs would go on using what the runtime was built with.
+    runtime.max_turns = 3  # type: ignore[misc]
+    runtime.checkpoint_store = None  # type: ignore[misc]
