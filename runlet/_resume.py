@@ -551,10 +551,8 @@ def _read_only(options: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:
-    # check_integrity guarantees the decided call is pending.
-    for call in checkpoint.pending_tool_calls:
-        if call.id == call_id:
-            break
+    # check_integrity guarantees the decided call is pending (next() would say otherwise).
+    call = next(call for call in checkpoint.pending_tool_calls if call.id == call_id)
     if not decision.edited or decision.arguments is None:
         return call  # the call as the model made it (the decision holds its JSON form)
     return ToolCall(call.id, call.name, decision.arguments)
