@@ -361,14 +361,16 @@ async def run_tool(
     arguments: Mapping[str, Any],
     *,
     report: bool = True,
+    announce: bool = True,
     edited: bool = False,
 ) -> ToolResult:
     """Run one call's handler and make its result; with *report* false, the caller emits
-    :class:`ToolCallFinished` itself (a resume does so after recording the result). With
+    :class:`ToolCallFinished` itself (a resume does so after recording the result), and
+    with *announce* false, it emitted :class:`ToolCallStarted` already. With
     *edited*, the result notes that a person changed the arguments (the span shows that
     text too: it is what the model gets)."""
     emit = run.emit
-    if emit is not None:
+    if emit is not None and announce:
         await emit(ToolCallStarted(call))
     # One place builds the context, so a policy and the handler see the same key.
     context = tool_context(run, call)

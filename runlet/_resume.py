@@ -49,7 +49,7 @@ from ._errors import (
     LeaseLostError,
     MissingToolError,
 )
-from ._events import Interrupted, ToolCallFinished
+from ._events import Interrupted, ToolCallFinished, ToolCallStarted
 from ._human import (
     EXPIRY_MESSAGE,
     Decision,
@@ -476,6 +476,22 @@ async def _continue(
                 fresh.append(_new_record(tool_call_id=call_id, decision=answer, result=answered))
             else:
                 fresh.append(_new_record(tool_call_id=call_id, decision=answer, result=None))
+    to_run: list[tuple[ToolCall, Decision]] = []
+    unknown: list[str] = []
+    for call_id, decision in decided.items():
+        if decision.action != "approve" or call_id in results:
+            continue
+        if call_id in earlier and not agent._by_name[decision.tool_name].idempotent:
+            unknown.append(call_id)  # started by an attempt that never finished
+        else:
+            to_run.append((_approved_call(checkpoint, call_id, decision), decision))
+    if emit is not None:
+        # Announced before the decisions are stored: a stream left at this point (each
+        # event may wait for its consumer) has stored nothing, so its retry runs the
+        # calls as new. Once stored, nothing waits before the handlers start, so a call
+        # recorded as approved without a result was cut off inside its handler.
+        for call, _ in to_run:
+            await emit(ToolCallStarted(call))
     if record is not None and fresh:
         await record(fresh)  # 3. decisions first: the first accepted answer is final
     if earlier:
@@ -499,15 +515,6 @@ async def _continue(
     )
     run.deferred = deferred
     run.trace = trace
-    to_run: list[tuple[ToolCall, Decision]] = []
-    unknown: list[str] = []
-    for call_id, decision in decided.items():
-        if decision.action != "approve" or call_id in results:
-            continue
-        if call_id in earlier and not agent._by_name[decision.tool_name].idempotent:
-            unknown.append(call_id)  # started by an attempt that never finished
-        else:
-            to_run.append((_approved_call(checkpoint, call_id, decision), decision))
     if record_result is None:
         record_result = record
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
@@ -574,7 +581,9 @@ async def _run_approved(
     record: Record | None,
 ) -> None:
     tool = run.agent._by_name[call.name]
-    result = await run_tool(run, call, tool, call.arguments, report=False, edited=decision.edited)
+    result = await run_tool(
+        run, call, tool, call.arguments, report=False, announce=False, edited=decision.edited
+    )
     results[call.id] = result
     # The result is recorded before anything else can be awaited (a cancellation may be
     # waiting since the handler ran), then reported: a retry never runs the call again.

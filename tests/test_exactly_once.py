@@ -414,6 +414,52 @@ async def test_decisions_of_a_cut_off_attempt_come_first_in_the_result_and_the_s
     assert list(done.decisions) == list(await store.decisions(done.run_id))
 
 
+async def leave_stream_after(k: int) -> tuple[Runtime, Agent, RunResult, list[str]]:
+    """Stream the approval's resume and go away after *k* scheduling points."""
+    entered: list[str] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        entered.append(context.idempotency_key)  # it cannot be cut off: it does not wait
+        return "Refunded."
+
+    spec = ToolSpec("refund", "Refund.", ORDER_SCHEMA, refund, requires_approval=True)
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    script = [call("refund", id="c1", order_id="1"), "Done.", "Done."]  # a retry asks again
+    agent = agent_with(ScriptedModel(script), spec)
+    first = await rt.run(agent, "Refund order 1.")
+
+    async def client() -> None:
+        async with rt.stream_resume(agent, checkpoint_id=cp(first), response=approve(first)) as s:
+            async for _ in s:
+                pass
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(client)
+        for _ in range(k):
+            await anyio.lowlevel.checkpoint()
+        group.cancel_scope.cancel()
+    return rt, agent, first, entered
+
+
+async def test_a_stream_left_before_the_handler_started_never_leaves_an_unknown_outcome() -> None:
+    # For every point the consumer can leave at: a decision stored without a result must
+    # mean the handler started, so a retry never asks again about a call that never ran.
+    before = 0
+    for k in range(40):
+        rt, agent, first, entered = await leave_stream_after(k)
+        assert isinstance(rt.checkpoint_store, InMemoryCheckpointStore)
+        stored = await rt.checkpoint_store.get(cp(first))
+        if stored.status == "resolved":
+            break
+        assert [r.result is None for r in stored.records] == ([False] if entered else [])
+        before += not entered
+        again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+        assert ("completed", 1) == (again.status, len(entered))
+    else:
+        raise AssertionError("the stream never finished within 40 scheduling points")
+    assert before > 0  # the window before the handler was hit
+
+
 async def test_a_non_idempotent_call_cut_off_is_asked_about_again() -> None:
     rt, agent, payments, first = await interrupted_inside_handler()
 
@@ -691,7 +737,8 @@ async def test_expire_after_an_approved_call_was_cut_off_keeps_the_answer_and_re
     spec = ToolSpec(
         "refund", "Refund.", ORDER_SCHEMA, refund, requires_approval=True, idempotent=idempotent
     )
-    agent = agent_with(ScriptedModel([call("refund", id="c1", order_id="1"), "Done."]), spec)
+    script = [call("refund", id="c1", order_id="1"), "Done.", "Done."]  # a retry asks again
+    agent = agent_with(ScriptedModel(script), spec)
     store = InMemoryCheckpointStore()
     rt = Runtime(checkpoint_store=store)
     first = await rt.run(agent, "Refund order 1.")
