@@ -312,20 +312,37 @@ def _decide(
                 checkpoint_id=checkpoint.id,
                 request_id=request.id,
             )
-        if (
-            request.expires_at is not None
-            and now >= request.expires_at
-            and not any(record.tool_call_id == call_id for record in records)
-        ):
-            raise HumanRequestExpiredError(
-                f"Request {request.id!r} expired at {request.expires_at.isoformat()}, before "
-                "this response came. Record the expiry with runtime.expire(...) or retire "
-                "the run with runtime.cancel(...).",
-                checkpoint_id=checkpoint.id,
-                request_id=request.id,
-            )
+        late = _past_deadline(request, records, now, checkpoint.id)
+        if late is not None:
+            raise late
         answers[call_id] = _accept(agent, checkpoint, request, response, now)
     return answers
+
+
+def _past_deadline(
+    request: HumanRequest,
+    records: Sequence[CallRecord],
+    now: Any,
+    checkpoint_id: str,
+    waits_at: str | None = None,
+) -> HumanRequestExpiredError | None:
+    """The error for an answer to *request* after its ``expires_at``, or ``None`` if it
+    is still in time or one of *records* (its checkpoint's) answered it in time.
+    *waits_at* names the checkpoint where it waits, when that is not *checkpoint_id*."""
+    expires_at = request.expires_at
+    if expires_at is None or now < expires_at:
+        return None
+    call_id = request.tool_call.id
+    if any(record.tool_call_id == call_id for record in records):
+        return None
+    where = "" if waits_at is None else f" (it waits at checkpoint {waits_at!r})"
+    return HumanRequestExpiredError(
+        f"Request {request.id!r} expired at {expires_at.isoformat()}, before this response "
+        f"came{where}. Record the expiry with runtime.expire(...) or retire the run with "
+        "runtime.cancel(...).",
+        checkpoint_id=checkpoint_id,
+        request_id=request.id,
+    )
 
 
 def _earlier_decision(checkpoint: Checkpoint, request_id: object) -> Decision | None:
@@ -747,24 +764,27 @@ async def _not_decided_here(
     where the request is open now (other resumes may have moved it on since) or was
     decided, and say so."""
     request_id = response.request_id
-    start = f"Checkpoint {checkpoint_id!r} was resolved without an answer to request "
-    start += f"{request_id!r}; "
+
+    def conflict(what: str, next_checkpoint_id: str | None = None) -> HumanResponseError:
+        return HumanResponseConflictError(
+            f"Checkpoint {checkpoint_id!r} was resolved without an answer to request "
+            f"{request_id!r}; {what}",
+            checkpoint_id=checkpoint_id,
+            request_id=request_id,
+            next_checkpoint_id=next_checkpoint_id,
+        )
+
     where = later
     for _ in range(_MOST_HOPS):
         try:
             stored = await store.get(where)
         except CheckpointNotFoundError:  # deleted or forgotten since: say so
-            return HumanResponseConflictError(
-                f"{start}the run went on to checkpoint {where!r}, which this store no longer has.",
-                checkpoint_id=checkpoint_id,
-                request_id=request_id,
+            return conflict(
+                f"the run went on to checkpoint {where!r}, which this store no longer has."
             )
         if stored.status == "cancelled":
-            return HumanResponseConflictError(
-                f"{start}the run was cancelled at checkpoint {where!r}, so it can no longer "
-                "be answered.",
-                checkpoint_id=checkpoint_id,
-                request_id=request_id,
+            return conflict(
+                f"the run was cancelled at checkpoint {where!r}, so it can no longer be answered."
             )
         resolution = stored.resolution
         if stored.status != "resolved" or resolution is None:  # pending or claimed
@@ -772,40 +792,27 @@ async def _not_decided_here(
             request = next((r for r in requests if r.id == request_id), None)
             if request is None:
                 break  # not a request of this run's: a wrong id
-            expires_at = request.expires_at
-            answered = any(r.tool_call_id == request.tool_call.id for r in stored.records)
-            if expires_at is not None and loop.clock() >= expires_at and not answered:
-                return HumanRequestExpiredError(
-                    f"Request {request_id!r} expired at {expires_at.isoformat()}, before this "
-                    f"response came (it waits at checkpoint {where!r}). Record the expiry "
-                    "with runtime.expire(...) or retire the run with runtime.cancel(...).",
-                    checkpoint_id=checkpoint_id,
-                    request_id=request_id,
-                )
-            return HumanResponseConflictError(
-                f"{start}it is still open at checkpoint {where!r}. Resume that checkpoint with "
-                "this response.",
-                checkpoint_id=checkpoint_id,
-                request_id=request_id,
-                next_checkpoint_id=where,
+            late = _past_deadline(request, stored.records, loop.clock(), checkpoint_id, where)
+            if late is not None:
+                return late
+            return conflict(
+                f"it is still open at checkpoint {where!r}. Resume that checkpoint with this "
+                "response.",
+                where,
             )
         decided = next((d for d in resolution.decisions if d.request_id == request_id), None)
         if decided is not None and decided.action == "expire":
             return _expired_before(checkpoint_id, request_id)
         if decided is not None and decided.answers_like(response):
-            return HumanResponseConflictError(
-                f"{start}this same response was accepted at checkpoint {where!r}. Resume that "
+            return conflict(
+                f"this same response was accepted at checkpoint {where!r}. Resume that "
                 "checkpoint with it to get its result again.",
-                checkpoint_id=checkpoint_id,
-                request_id=request_id,
-                next_checkpoint_id=where,
+                where,
             )
         if decided is not None:
-            return HumanResponseConflictError(
-                f"{start}it was answered differently at checkpoint {where!r}, and the first "
-                "accepted answer is final.",
-                checkpoint_id=checkpoint_id,
-                request_id=request_id,
+            return conflict(
+                f"it was answered differently at checkpoint {where!r}, and the first accepted "
+                "answer is final."
             )
         next_id = resolution.result.checkpoint_id
         if next_id is None:
