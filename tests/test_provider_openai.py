@@ -734,6 +734,36 @@ class TestStreaming:
                 await collect(model, ask())
         assert info.value.status_code == 500
 
+    async def test_choice_that_ended_in_an_error_is_the_error(self, server: ModelServer) -> None:
+        # OpenRouter: a provider failing mid-answer ends the choice with "error" and puts
+        # the error beside it, in a 200 stream. The partial text is not an answer.
+        failed = {
+            "id": "gen-1",
+            "object": "chat.completion.chunk",
+            "error": {"code": 502, "message": "Provider disconnected unexpectedly"},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+        }
+        server.reply(Reply(events=(openai_chunk({"content": "The first half"}), sse(failed))))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="Provider disconnected") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 502
+        answer = openai_completion("The first half")
+        answer["error"] = failed["error"]
+        answer["choices"][0]["finish_reason"] = "error"
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="Provider disconnected"):
+                await model.complete(ask())
+
+    async def test_stream_content_that_is_not_text(self, server: ModelServer) -> None:
+        # Some servers (Mistral's reasoning models) stream content as a list of parts.
+        parts = [{"type": "text", "text": "Hi"}]
+        server.reply(Reply(events=(openai_chunk({"content": parts}, "stop"), sse("[DONE]"))))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="content as a list, not text"):
+                await collect(model, ask())
+
     async def test_stream_retries_before_the_first_byte(self, server: ModelServer) -> None:
         server.reply(
             Reply(502, {"error": {"message": "bad gateway"}}), Reply(events=openai_stream("ok"))

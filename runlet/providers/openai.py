@@ -335,8 +335,14 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
     It carries the status the same error would have had as an HTTP answer (its
     ``status_code``, and the hint in its message), so an application can tell a rate
     limit from a bad request. It is never retried: the server did answer, and a stream
-    may already have handed out part of its reply."""
-    if not isinstance(data, dict) or data.get("error") is None or "choices" in data:
+    may already have handed out part of its reply.
+
+    Beside ``choices`` the error counts only when a choice ended because of it
+    (``finish_reason: "error"``, as OpenRouter reports a provider failing mid-answer);
+    otherwise it is a warning some servers add to an answer that is whole."""
+    if not isinstance(data, dict) or data.get("error") is None:
+        return None
+    if "choices" in data and not _failed_choice(data["choices"]):
         return None
     error = data["error"]
     details = error if isinstance(error, dict) else {}
@@ -344,6 +350,12 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
     message = message if isinstance(message, str) and message else json.dumps(error)
     status = _error_status(details)
     return api_error(_API, f"reported an error (HTTP {status})", status, message)
+
+
+def _failed_choice(choices: Any) -> bool:
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") == "error" for choice in choices
+    )
 
 
 def _error_status(error: Mapping[str, Any]) -> int:
@@ -459,6 +471,11 @@ class _Stream:
             items.append(ReasoningDelta(reasoning))
         text = delta.get("content") or delta.get("refusal")
         if text:
+            if not isinstance(text, str):
+                raise ModelResponseError(
+                    f"The {_API} stream sent message content as a {type(text).__name__}, "
+                    f"not text. Check that the server really implements the {_API} API."
+                )
             self._text.append(text)
             items.append(TextDelta(text))
         for piece in delta.get("tool_calls") or ():
