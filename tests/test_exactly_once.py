@@ -209,6 +209,20 @@ async def test_a_rejection_is_recorded_with_its_result_and_shown_again_on_retry(
     assert ("completed", []) == (result.status, payments.attempts)
 
 
+@pytest.mark.parametrize("reason", [None, ""])
+async def test_a_rejection_without_a_reason_says_only_that_it_was_rejected(
+    reason: str | None,
+) -> None:
+    rt, agent, payments, model, first = await refund_run(script=["Ok."])
+    reject = HumanResponse(approve(first).request_id, "reject", reason)
+
+    await rt.resume(agent, checkpoint_id=cp(first), response=reject)
+
+    told = model.requests[-1].messages[-1].tool_result
+    assert runlet.ToolResult("c1", runlet.REJECTION_MESSAGE, True) == told
+    assert [] == payments.attempts
+
+
 async def test_the_first_accepted_answer_is_final_even_before_the_resume_finished() -> None:
     def down(request: runlet.ModelRequest) -> str:
         raise OSError("model is down")
@@ -595,6 +609,43 @@ async def test_an_approval_policy_decides_per_call(policy: runlet.ApprovalPolicy
     assert first.interruption is not None
     assert "big" == first.interruption.tool_call.id
     assert ["1"] == list(payments.paid.values())
+
+
+class _Ready:
+    """An awaitable that is not a coroutine (as a future, or a framework's deferred)."""
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __await__(self) -> Any:
+        yield from ()
+        return self.value
+
+
+def awaitable_over_limit(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+    return _Ready(over_limit(arguments, context))
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [over_limit, async_over_limit, awaitable_over_limit],
+    ids=["sync", "async", "awaitable"],
+)
+@pytest.mark.parametrize("amount", [20, 500])
+async def test_an_approval_policy_decides_a_call_made_alone(
+    policy: runlet.ApprovalPolicy, amount: int
+) -> None:
+    # One call, with a store: the policy is asked (not taken for "always ask").
+    payments = Payments()
+    model = ScriptedModel([call("refund", id="c1", order_id="1", amount=amount), "Done."])
+    agent = agent_with(model, refund_spec(payments, requires_approval=policy))
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+
+    result = await rt.run(agent, "Refund it.")
+
+    asked = amount > 100
+    assert ("interrupted" if asked else "completed") == result.status
+    assert ([] if asked else ["1"]) == list(payments.paid.values())
 
 
 @pytest.mark.parametrize(
@@ -2266,3 +2317,149 @@ async def test_a_cancellation_while_several_approved_handlers_run_keeps_their_re
     assert "completed" == retried.status
     assert 2 == len(payments.attempts)
     assert ["1", "2"] == sorted(payments.paid.values())
+
+
+# --- Answers the first checks miss -----------------------------------------------------------
+
+
+async def test_an_expired_request_answered_at_the_next_checkpoint_is_expired() -> None:
+    # expire() gave up on the first refund; the run went on to ask about a second one.
+    # The late answer to the first, sent to the checkpoint now open, is an expiry (the
+    # client shows "too late"), not a conflict, and that checkpoint stays resumable.
+    clock = Clock()
+    rt, agent, payments, _, first = await refund_run(
+        script=[call("refund", id="c2", order_id="2"), "Done."], clock=clock, expires_after=60
+    )
+    clock.advance(120)
+    second = await rt.expire(agent, checkpoint_id=cp(first))
+    assert second.checkpoint_id is not None
+
+    with pytest.raises(HumanRequestExpiredError) as info:
+        await rt.resume(agent, checkpoint_id=cp(second), response=approve(first))
+
+    assert approve(first).request_id == info.value.request_id
+    done = await rt.resume(agent, checkpoint_id=cp(second), response=approve(second))
+    assert "completed" == done.status
+    assert ["2"] == list(payments.paid.values())
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"responded_by": "mallory"}, {"edited_arguments": {"order_id": "2"}}, {"metadata": {"a": 1}}],
+    ids=["other-person", "other-edit", "other-metadata"],
+)
+async def test_a_retry_after_a_cut_off_with_another_answer_is_a_conflict(
+    other: dict[str, Any],
+) -> None:
+    # The first accepted answer was recorded before its handler was cut off; a retry
+    # that differs from it in any field (not only the action) is refused, and the
+    # checkpoint still takes the original answer.
+    rt, agent, payments, first = await interrupted_inside_handler(idempotent=True)
+
+    with pytest.raises(HumanResponseConflictError, match="already answered") as info:
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first, **other))
+
+    assert approve(first).request_id == info.value.request_id
+    done = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert "completed" == done.status
+    assert {"1"} == set(payments.paid.values())
+    assert [payments.attempts[0]] * 2 == payments.attempts
+
+
+class StaleReads(InMemoryCheckpointStore):
+    """A store whose reads lag its claims: get() shows no records, as just before another
+    attempt recorded its answer."""
+
+    stale = False
+
+    async def get(self, checkpoint_id: str) -> runlet.StoredCheckpoint:
+        stored = await super().get(checkpoint_id)
+        return attrs.evolve(stored, records=()) if self.stale else stored
+
+
+async def test_an_answer_recorded_after_the_first_read_is_still_final() -> None:
+    # The check before the claim saw no records; the claim brings the answer another
+    # attempt recorded meanwhile. A different answer is refused under the claim too, and
+    # the claim is given back.
+    store = StaleReads()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    await cut_off_inside_handler(rt, agent, payments, first)
+    store.stale = True
+
+    with pytest.raises(HumanResponseConflictError, match="already answered"):
+        await rt.resume(
+            agent,
+            checkpoint_id=cp(first),
+            response=HumanResponse(approve(first).request_id, "reject"),
+        )
+
+    assert "pending" == (await store.get(cp(first))).status
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert again.interruption is not None
+    assert again.interruption.outcome_unknown
+    assert 1 == len(payments.attempts)
+
+
+class NoExpiredFlag(InMemoryCheckpointStore):
+    """A store that keeps outcomes as data written before Resolution.expired existed."""
+
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        old = attrs.evolve(resolution, expired=False)
+        await super().resolve(checkpoint_id, token, old, next_checkpoint)
+
+
+async def test_a_repeated_expire_reads_the_expiry_from_the_decisions_too() -> None:
+    clock = Clock()
+    rt, agent, _, model, first = await refund_run(
+        store=NoExpiredFlag(), script=["Nobody approved it."], clock=clock, expires_after=60
+    )
+    clock.advance(120)
+    expired = await rt.expire(agent, checkpoint_id=cp(first))
+
+    assert expired == await rt.expire(agent, checkpoint_id=cp(first))
+    assert 2 == len(model.requests)
+
+
+async def test_a_refused_checkpoint_is_refused_again() -> None:
+    # The same broken object, resumed twice: the second attempt is checked as fully as
+    # the first, so it never runs the call with arguments the person did not see.
+    rt, agent, payments, _, first = await refund_run()
+    store = rt.checkpoint_store
+    assert isinstance(store, InMemoryCheckpointStore)
+    checkpoint = await store.load(cp(first))
+    swapped = ToolCall("c1", "refund", {"order_id": "999"})
+    await store.save(attrs.evolve(checkpoint, pending_tool_calls=(swapped,)))
+
+    for _ in range(2):
+        with pytest.raises(CheckpointSerializationError, match=r"pending_tool_calls\[0\]"):
+            await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert [] == payments.attempts
+
+
+def test_a_question_its_call_does_not_ask_is_refused() -> None:
+    # One pending ask_human call with no options: the request's prompt must still be the
+    # call's, or the person answers a question the model did not ask.
+    question = ToolCall("q1", "ask_human", {"kind": "input", "prompt": "Which order?"})
+    checkpoint = Checkpoint(
+        id="cp_1",
+        run_id="run_1",
+        agent_name="support",
+        messages=(runlet.Message.user("Refund."),),
+        options={},
+        metadata={},
+        transcript=(runlet.Message.user("Refund."), runlet.Message.assistant("", [question])),
+        pending_tool_calls=(question,),
+        request=runlet.HumanRequest("req_1", "input", "Which order?", tool_call=question),
+    )
+    data = unstructure_checkpoint(checkpoint)
+    assert checkpoint == structure_checkpoint(data)
+
+    data["request"]["prompt"] = "May I refund order 1?"
+    with pytest.raises(CheckpointSerializationError, match="question that its call does not ask"):
+        structure_checkpoint(data)

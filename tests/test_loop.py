@@ -436,6 +436,24 @@ class TestErrorResults:
             assert ToolResult("c1", str.__str__(value)) == result
             assert type(result.content) is str
 
+    async def test_json_values_go_to_the_model_as_json(self) -> None:
+        # bool is an int subclass; the model must still read JSON's true, not Python's True.
+        for value, text in [(True, "true"), (False, "false"), (None, "null"), (7, "7")]:
+
+            async def returns(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+                return value  # noqa: B023 - awaited within this iteration
+
+            result, _ = await self.run_one(call("v", id="c1"), tool("v", returns))
+            assert ToolResult("c1", text) == result
+
+    async def test_a_timeout_bounds_the_handler_by_its_own_seconds(self) -> None:
+        # Read from inside: the handler's deadline is its timeout from now, not later.
+        async def budget(arguments: Mapping[str, Any], context: ToolContext) -> float:
+            return anyio.current_effective_deadline() - anyio.current_time()
+
+        result, _ = await self.run_one(call("b", id="c1"), tool("b", budget, timeout=30))
+        assert 0 < float(result.content) <= 30
+
     async def test_arguments_that_are_not_an_object(self) -> None:
         bad = ToolCall("c1", "add", [1, 2])  # type: ignore[arg-type]
         result, _ = await self.run_one(bad, tool("add", add, ADD_SCHEMA))
@@ -507,6 +525,11 @@ class TestModelErrors:
             (
                 ModelResponse(Message.assistant("x"), Usage(2, 3.0, 1)),  # type: ignore[arg-type]
                 r"usage has output_tokens=3.0",
+            ),
+            # bool is an int to isinstance(), but True is not a token count.
+            (
+                ModelResponse(Message.assistant("x"), Usage(True, 3, 1)),
+                r"usage has input_tokens=True",
             ),
         ],
     )

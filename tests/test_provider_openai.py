@@ -571,6 +571,31 @@ class TestStreaming:
         assert calls == list(items[-1].message.tool_calls)
         assert [0, 0, 1, 1] == [i.index for i in items if isinstance(i, ToolCallDelta)]
 
+    async def test_stream_whose_indexes_do_not_start_at_zero(self, server: ModelServer) -> None:
+        # Some servers number the calls from 1, or leave gaps; a ToolCallDelta's index is
+        # the call's place in the message, so a consumer can key its partial calls on it.
+        def piece(index: int, call_id: str | None = None, **function: str) -> str:
+            call: dict[str, Any] = {"index": index, "function": function}
+            if call_id is not None:
+                call["id"] = call_id
+            return openai_chunk({"tool_calls": [call]})
+
+        events = (
+            piece(3, "a", name="weather", arguments='{"city":'),
+            piece(7, "b", name="weather", arguments='{"city": "Rome"}'),
+            piece(3, arguments=' "Oslo"}'),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert [0, 1, 0] == [i.index for i in items if isinstance(i, ToolCallDelta)]
+        assert list(items[-1].message.tool_calls) == [
+            ToolCall("a", "weather", {"city": "Oslo"}),
+            ToolCall("b", "weather", {"city": "Rome"}),
+        ]
+
     async def test_stream_arguments_that_are_not_a_string(self, server: ModelServer) -> None:
         # complete() refuses the same answer; the stream must not hand out a delta whose
         # arguments are a dict and then fail with a TypeError.

@@ -930,6 +930,10 @@ def duplicate_ids() -> StreamModel:
             lambda: StreamModel([[*text_turn("Hello"), *text_turn("Again")]]),
             "yielded a TextDelta after its final ModelResponse",
         ),
+        (
+            lambda: StreamModel([[*text_turn("Hello"), ModelResponse(Message.assistant("No"))]]),
+            "yielded a ModelResponse after its final ModelResponse",
+        ),
     ],
     ids=[
         "not-a-response",
@@ -938,6 +942,7 @@ def duplicate_ids() -> StreamModel:
         "not-an-item",
         "delta-after-the-end",
         "second-response",
+        "two-final-responses",
     ],
 )
 async def test_an_unusable_model_answer_is_raised_from_the_loop(

@@ -708,6 +708,7 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
     # The result as the model gets it: with the note that a person edited the call.
     [tool_message] = [m for m in result.transcript if m.role == "tool"]
     assert tool_message.content.startswith("A human edited the arguments")
+    assert 1 == tool_message.content.count("A human edited the arguments")  # noted once
     assert tool["gen_ai.tool.call.result"] == tool_message.content
 
 
