@@ -2356,7 +2356,10 @@ async def test_a_retry_after_a_cut_off_with_another_answer_is_a_conflict(
     # checkpoint still takes the original answer.
     rt, agent, payments, first = await interrupted_inside_handler(idempotent=True)
 
-    with pytest.raises(HumanResponseConflictError, match="already answered") as info:
+    with pytest.raises(
+        HumanResponseConflictError,
+        match=r"already answered with 'approve' \(by an earlier resume\)",
+    ) as info:
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first, **other))
 
     assert approve(first).request_id == info.value.request_id
@@ -2463,3 +2466,82 @@ def test_a_question_its_call_does_not_ask_is_refused() -> None:
     data["request"]["prompt"] = "May I refund order 1?"
     with pytest.raises(CheckpointSerializationError, match="question that its call does not ask"):
         structure_checkpoint(data)
+
+
+async def test_a_repeated_answer_goes_on_after_an_expire_that_failed_for_the_other_call() -> None:
+    # The person approved refund 1 only; that resume was cut off inside the handler. An
+    # expiry job then expired refund 2, ran refund 1 again (it is idempotent) and failed
+    # to store the outcome. The person's answer came in time: repeating it finishes the
+    # run, with refund 2's expiry as recorded, instead of calling it expired too.
+    store = FailingResolve(failures=0)
+    payments = Payments()
+    calls = [call("refund", id="c1", order_id="1"), call("refund", id="c2", order_id="2")]
+    agent = agent_with(
+        ScriptedModel([calls, "Done.", "Done."]), refund_spec(payments, idempotent=True)
+    )
+    rt = Runtime(checkpoint_store=store)
+    first = await rt.run(agent, "Refund orders 1 and 2.")
+    one = HumanResponse(first.pending_requests[0].id, "approve")
+    payments.block = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(partial(rt.resume, agent, checkpoint_id=cp(first), responses=[one]))
+        await payments.entered.wait()
+        group.cancel_scope.cancel()
+    payments.block = None
+    store.failures = 1
+    with pytest.raises(OSError, match="disk full"):
+        await rt.expire(agent, checkpoint_id=cp(first))
+
+    done = await rt.resume(agent, checkpoint_id=cp(first), responses=[one])
+
+    assert "completed" == done.status
+    assert ["approve", "expire"] == [decision.action for decision in done.decisions]
+    assert {"1"} == set(payments.paid.values())
+
+
+@pytest.mark.parametrize("went_on", [False, True], ids=["completed", "went-on"])
+async def test_another_answer_to_a_resolved_checkpoint_is_a_conflict_where_ever_the_run_went(
+    went_on: bool,
+) -> None:
+    script = [call("refund", id="c2", order_id="2")] if went_on else ["Done."]
+    rt, agent, payments, _, first = await refund_run(script=script)
+    done = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert went_on == (done.checkpoint_id is not None)
+    request_id = approve(first).request_id
+
+    with pytest.raises(
+        HumanResponseConflictError,
+        match=r"resolved with other answers \(the first accepted answer is final\)\. Repeat",
+    ) as info:
+        await rt.resume(
+            agent, checkpoint_id=cp(first), response=HumanResponse(request_id, "reject")
+        )
+    assert (request_id, None) == (info.value.request_id, info.value.next_checkpoint_id)
+    if not went_on:  # an id the run never asked: nowhere else to look
+        with pytest.raises(HumanResponseConflictError, match="already resolved with other"):
+            await rt.resume(
+                agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")
+            )
+    assert ["1"] == list(payments.paid.values())
+
+
+async def test_an_answer_decided_at_an_earlier_checkpoint_says_by_whom_and_where() -> None:
+    payments = Payments()
+    calls = [call("refund", id=name, order_id=name) for name in ("a", "b")]
+    rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
+    agent = agent_with(ScriptedModel([calls, "Done."]), refund_spec(payments))
+    r1 = await rt.run(agent, "Refund two.")
+    a, b = r1.pending_requests
+    answer = HumanResponse(a.id, "approve", responded_by="ann")
+    r2 = await rt.resume(agent, checkpoint_id=cp(r1), response=answer)
+
+    expected = (
+        rf"Request '{a.id}' was already answered with 'approve' \(by ann\) at checkpoint "
+        rf"'{cp(r1)}', before checkpoint '{cp(r2)}'; the first accepted answer is final\. "
+        rf"It is waiting on request '{b.id}': answer only that\."
+    )
+    with pytest.raises(HumanResponseConflictError, match=expected):
+        await rt.resume(agent, checkpoint_id=cp(r2), response=answer)
+    done = await rt.resume(agent, checkpoint_id=cp(r2), response=HumanResponse(b.id, "reject"))
+    assert "completed" == done.status
+    assert ["a"] == list(payments.paid.values())

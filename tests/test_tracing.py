@@ -861,12 +861,13 @@ async def test_a_decision_s_value_and_edited_arguments_are_contents(
         assert found == recorded
 
 
+@pytest.mark.parametrize("store", [InMemoryCheckpointStore, PlainStore], ids=["durable", "plain"])
 async def test_a_refused_response_ends_the_resume_span_with_an_error(
-    provider: TracerProvider, exporter: InMemorySpanExporter
+    provider: TracerProvider, exporter: InMemorySpanExporter, store: Any
 ) -> None:
     model = NamedModel([call("get_weather", city="Paris", id="call_w"), "Sunny."])
     agent = weather_agent(model, weather_tool(approval=True))
-    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    runtime = Runtime(store(), tracer_provider=provider)
     interrupted = await runtime.run(agent, "Weather?")
     assert interrupted.checkpoint_id is not None
     exporter.clear()
