@@ -8,6 +8,7 @@ import copy
 import datetime
 import json
 import pickle
+import sys
 import typing
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -38,6 +39,9 @@ from runlet import (
 )
 from runlet._tools import MAX_EXPIRES_AFTER
 from runlet.testing import ScriptedModel, call
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 from runlet.testing._conformance import sample_checkpoint
 
 pytestmark = pytest.mark.anyio
@@ -690,6 +694,39 @@ async def test_a_system_exit_from_a_streamed_tool_ends_the_loop_that_reads_it() 
     with pytest.raises(SystemExit):
         await consume()
     assert [] == after_the_loop
+
+
+async def test_an_interrupt_in_an_exception_group_from_the_stream_s_task_is_raised_alone() -> None:
+    # The stream's own task keeps a tool's KeyboardInterrupt from its task group; should
+    # one still leave it (raised between two steps of that task), the block raises it as
+    # itself, as run() does, when it is the only one beside the cancellations it caused.
+    from runlet._runtime import _the_one_interrupt
+
+    cancelled: list[BaseException] = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class() as exc:
+            cancelled.append(exc)
+            raise
+    stop, leave = KeyboardInterrupt(), SystemExit(3)
+
+    group = BaseExceptionGroup
+    assert stop is _the_one_interrupt(group("", [stop]))
+    assert stop is _the_one_interrupt(group("", [cancelled[0], group("", [stop])]))
+    assert leave is _the_one_interrupt(group("", [group("", [cancelled[0]]), leave]))
+    assert _the_one_interrupt(group("", [stop, leave])) is None  # two: left as the group
+    assert _the_one_interrupt(group("", [cancelled[0]])) is None
+    assert _the_one_interrupt(ExceptionGroup("", [ValueError()])) is None
+    assert _the_one_interrupt(group("", [ValueError(), cancelled[0]])) is None
+    assert _the_one_interrupt(stop) is None  # not a group: raised as it is already
+
+    class Halt(KeyboardInterrupt):
+        exceptions = ()  # a tuple by that name does not make it a group
+
+    halt = Halt()
+    assert halt is _the_one_interrupt(group("", [halt, cancelled[0]]))
 
 
 @pytest.mark.parametrize("nested", [False, True])

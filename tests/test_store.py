@@ -197,6 +197,31 @@ class TestInMemoryCheckpointStore:
         assert "pending" == (await store.get("cp_1")).status
         assert "cancelled" == (await store.get("cp_2")).status
 
+    async def test_a_finished_checkpoint_deleted_before_it_is_dropped_is_skipped(self) -> None:
+        store = InMemoryCheckpointStore(keep_finished=1)
+        for name in ("cp_1", "cp_2", "cp_3"):
+            await store.save(golden(name))
+        await store.cancel("cp_1")
+        await store.delete("cp_1")
+        await store.cancel("cp_2")  # pushes out cp_1, which is gone already
+        await store.cancel("cp_3")
+        with pytest.raises(CheckpointNotFoundError):
+            await store.get("cp_2")
+        assert "cancelled" == (await store.get("cp_3")).status
+
+    async def test_without_a_lease_a_claim_is_held_until_given_back(self) -> None:
+        # The default: no lease, so no other claim or cancel takes it however long it
+        # is held; release() gives it back.
+        store = InMemoryCheckpointStore()
+        await store.save(golden("cp_1"))
+        claim = await store.claim("cp_1")
+        with pytest.raises(CheckpointClaimedError):
+            await store.claim("cp_1")
+        with pytest.raises(CheckpointClaimedError):
+            await store.cancel("cp_1")
+        await store.release("cp_1", claim.token)
+        assert claim.token != (await store.claim("cp_1")).token
+
     async def test_keep_finished_none_keeps_everything(self) -> None:
         store = InMemoryCheckpointStore(keep_finished=None)
         for index in range(5):
