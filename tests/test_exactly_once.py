@@ -2544,4 +2544,7 @@ async def test_an_answer_decided_at_an_earlier_checkpoint_says_by_whom_and_where
         await rt.resume(agent, checkpoint_id=cp(r2), response=answer)
     done = await rt.resume(agent, checkpoint_id=cp(r2), response=HumanResponse(b.id, "reject"))
     assert "completed" == done.status
+    # Once the later checkpoint is resolved too, the same error, with nothing left to answer.
+    with pytest.raises(HumanResponseConflictError, match=expected.split(" It is")[0] + "$"):
+        await rt.resume(agent, checkpoint_id=cp(r2), response=answer)
     assert ["a"] == list(payments.paid.values())
