@@ -474,9 +474,9 @@ async def test_a_base_exception_from_an_approved_tool_comes_out_as_itself(
     assert "pending" == (await store.get(first.checkpoint_id)).status
 
 
-async def _stray_cancellation(arguments: Mapping[str, Any], context: ToolContext) -> str:
-    # The cancellation exception, raised where nothing is being cancelled (on asyncio, a
-    # handler that awaited a future someone else cancelled does this).
+async def _a_cancellation() -> BaseException:
+    """A real cancellation exception of the running backend, caught in a scope of its own
+    (trio's cannot be made by hand)."""
     caught: list[BaseException] = []
     with anyio.CancelScope() as scope:
         scope.cancel()
@@ -485,7 +485,13 @@ async def _stray_cancellation(arguments: Mapping[str, Any], context: ToolContext
         except anyio.get_cancelled_exc_class() as exc:
             caught.append(exc)
             raise
-    raise caught[0]
+    return caught[0]
+
+
+async def _stray_cancellation(arguments: Mapping[str, Any], context: ToolContext) -> str:
+    # The cancellation exception, raised where nothing is being cancelled (on asyncio, a
+    # handler that awaited a future someone else cancelled does this).
+    raise await _a_cancellation()
 
 
 @pytest.mark.parametrize("resume", [False, True])
@@ -702,14 +708,7 @@ async def test_an_interrupt_in_an_exception_group_from_the_stream_s_task_is_rais
     # itself, as run() does, when it is the only one beside the cancellations it caused.
     from runlet._runtime import _the_one_interrupt
 
-    cancelled: list[BaseException] = []
-    with anyio.CancelScope() as scope:
-        scope.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as exc:
-            cancelled.append(exc)
-            raise
+    cancelled = [await _a_cancellation()]
     stop, leave = KeyboardInterrupt(), SystemExit(3)
 
     group = BaseExceptionGroup
