@@ -463,6 +463,7 @@ class RunStream:
     """
 
     __slots__ = (
+        "_cancelled",
         "_context",
         "_error",
         "_exited",
@@ -480,6 +481,7 @@ class RunStream:
         # span current there is the run span's parent, even if the block is entered later.
         self._context = contextvars.copy_context()
         self._exited = False
+        self._cancelled = False
         self._result: RunResult | None = None
         self._error: Exception | None = None
         self._interrupt: BaseException | None = None
@@ -497,15 +499,21 @@ class RunStream:
         if self._result is None:
             if self._error is not None:
                 raise RunletError(
-                    "The stream has no result because the run failed; iterating it raised "
+                    "The stream has no result because the run failed; iterating it raises "
                     f"the run's error ({type(self._error).__name__})."
                 )
             if self._exited:
                 raise RunletError(
                     "The stream has no result: its `async with` block was left before the "
-                    "run finished, which stopped the run. Iterate it to RunFinished inside "
-                    "the block; an interrupted run's checkpoint, if one was saved, can still "
-                    "be resumed."
+                    "stream handed out RunFinished, which stopped the run if it was still "
+                    "going. Iterate it to RunFinished inside the block; an interrupted run's "
+                    "checkpoint, if one was saved, can still be resumed."
+                )
+            if self._cancelled:
+                raise RunletError(
+                    "The stream has no result: the run was cancelled before it finished (a "
+                    "cancel scope around the stream's `async with` block was cancelled). An "
+                    "interrupted run's checkpoint, if one was saved, can still be resumed."
                 )
             raise RunletError("The stream has no result yet: iterate it until RunFinished first.")
         return self._result
@@ -536,9 +544,16 @@ class RunStream:
         # A cancellation must reach the task group so each backend can account for it;
         # any other exception from the block propagates as it is, never wrapped in an
         # exception group, because the run's own errors never leave its task.
-        passed = exc if isinstance(exc, anyio.get_cancelled_exc_class()) else None
+        cancelled = anyio.get_cancelled_exc_class()
+        passed = exc if isinstance(exc, cancelled) else None
         try:
             await group.__aexit__(type(passed) if passed else None, passed, tb if passed else None)
+        except cancelled:
+            if passed is not None or exc is None or not cancelled_here():
+                raise  # (not a cancel scope's cancellation: it would not come again)
+            # The block raised an error of its own while a scope around it was cancelled,
+            # and waiting for the run's task met that cancellation. The error goes on, as
+            # from a task group; the cancellation comes again at the next checkpoint.
         except BaseException as raised:
             # Should a KeyboardInterrupt or SystemExit (or the like) still leave the
             # run's task, it comes out as itself, as from run(), not in an exception group.
@@ -561,7 +576,7 @@ class RunStream:
         if receive is None:
             raise RunletError("Use the stream inside `async with runtime.stream(...) as s:`.")
         try:
-            return await receive.receive()
+            event = await receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             if self._interrupt is not None:
                 raise self._interrupt  # noqa: B904 - the run's own, unchained
@@ -569,11 +584,14 @@ class RunStream:
                 raise self._error  # noqa: B904 - the run's own error, unchained
             if self._exited and self._result is None:
                 raise RunletError(
-                    "The stream's `async with` block was left before the run finished, "
-                    "which stopped the run: there are no more events. Iterate it inside "
-                    "the block."
+                    "The stream's `async with` block was left before the stream handed out "
+                    "RunFinished, which stopped the run if it was still going: there are no "
+                    "more events. Iterate it inside the block."
                 ) from None
             raise StopAsyncIteration from None
+        if type(event) is RunFinished:
+            self._result = event.result  # the result is there once its event was handed out
+        return event
 
     async def _produce(self, send: MemoryObjectSendStream[StreamEvent]) -> None:
         with send:
@@ -585,6 +603,7 @@ class RunStream:
             except anyio.get_cancelled_exc_class() as exc:
                 assert self._group is not None
                 if self._group.cancel_scope.cancel_called or cancelled_here():
+                    self._cancelled = True  # iterating ends; the cancellation goes on
                     raise
                 # A stray one, raised though nothing cancelled the run (on asyncio, a tool
                 # that awaited a future someone else cancelled): the task group would let
@@ -600,5 +619,4 @@ class RunStream:
                 assert self._group is not None
                 self._group.cancel_scope.cancel()
                 return
-            self._result = result
             await send.send(RunFinished(result))

@@ -679,10 +679,28 @@ async def test_break_during_model_streaming_closes_the_model_stream() -> None:
                 break
         assert model.cancelled
         assert model.exited == 1
-    with pytest.raises(RunletError, match="block was left before the run finished"):
+    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
         stream.result  # noqa: B018 - the property raises
-    with pytest.raises(RunletError, match="block was left before the run finished"):
+    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
         await stream.__anext__()  # no silent end: the rest of the run never happened
+
+
+async def test_the_result_is_there_once_run_finished_was_handed_out_not_before() -> None:
+    # The run has ended behind the events not read yet: its result still waits for its
+    # event, so what the consumer can read does not depend on how far the run got.
+    agent = Agent("a", "", ScriptedModel(["Hi."]))
+    with anyio.fail_after(GUARD):
+        async with Runtime().stream(agent, "go") as stream:
+            async for event in stream:
+                if isinstance(event, MessageCompleted):
+                    await anyio.wait_all_tasks_blocked()  # the run's task has ended
+                    with pytest.raises(RunletError, match="no result yet"):
+                        stream.result  # noqa: B018 - the property raises
+                    break
+    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
+        stream.result  # noqa: B018 - the property raises
+    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
+        await stream.__anext__()
 
 
 async def test_a_finished_stream_iterated_again_after_its_block_just_ends() -> None:
@@ -845,6 +863,99 @@ async def test_an_outer_cancellation_is_not_swallowed_by_the_stream() -> None:
     assert outer.cancelled_caught
     assert not reached_end
     assert blocker.cancelled
+
+
+async def test_an_error_of_the_block_is_not_lost_to_a_cancellation_around_it() -> None:
+    # The block raises while a scope around it is cancelled (a web client that went away:
+    # the send fails, and the request's scope is cancelled): waiting for the run's task
+    # meets the cancellation, but the block's error goes on, as from a task group, and the
+    # cancellation is not lost either: it comes again at the next checkpoint.
+    blocker = Blocker()
+    agent = Agent("a", "", ScriptedModel([call("b")]), tools=[tool("b", blocker)])
+    caught: list[ValueError] = []
+    reached_end = False
+    with anyio.fail_after(GUARD):
+        with anyio.CancelScope() as outer:
+            try:
+                async with Runtime().stream(agent, "go") as stream:
+                    async for event in stream:
+                        if isinstance(event, ToolCallStarted):
+                            await blocker.started.wait()
+                            outer.cancel()
+                            raise ValueError("client gone")
+            except ValueError as exc:
+                caught.append(exc)
+            await anyio.lowlevel.checkpoint()
+            reached_end = True  # pragma: no cover - the cancellation must come again
+    assert [str(exc) for exc in caught] == ["client gone"]
+    assert outer.cancelled_caught
+    assert not reached_end
+    assert blocker.cancelled
+
+
+async def test_a_native_cancellation_meeting_an_error_of_the_block_still_comes_out(
+    anyio_backend: str,
+) -> None:
+    # asyncio's own Task.cancel() comes only once: if waiting for the run's task meets it
+    # while the block raises, it is raised (the block's error as its context), never
+    # dropped. (On trio the same test cancels a scope: that comes again, so the error goes
+    # first and the scope then catches its cancellation.)
+    from test_exactly_once import _NativeCancel
+
+    blocker = Blocker()
+    agent = Agent("a", "", ScriptedModel([call("b")]), tools=[tool("b", blocker)])
+    native = _NativeCancel(anyio_backend)
+    raised: list[BaseException] = []
+
+    async def consume() -> None:
+        try:
+            async with Runtime().stream(agent, "go") as stream:
+                async for event in stream:
+                    if isinstance(event, ToolCallStarted):
+                        await blocker.started.wait()
+                        native.cancel()
+                        raise ValueError("client gone")
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    with anyio.fail_after(GUARD):
+        with contextlib.suppress(ValueError):
+            await native.run(consume)
+    if anyio_backend == "asyncio":
+        assert native.cancelled
+        assert isinstance(raised[0], anyio.get_cancelled_exc_class())
+        assert isinstance(raised[0].__context__, ValueError)
+    else:
+        assert isinstance(raised[0], ValueError)
+    assert blocker.cancelled
+
+
+async def test_a_consumer_shielded_from_an_outer_cancellation_sees_the_run_end_quietly() -> None:
+    # The scope around the block is cancelled while the consumer reads on inside a shield
+    # (clean-up code draining the stream): the run stops as cancelled, and iterating ends
+    # without an error of its own; the outer cancellation takes over once the shield ends.
+    blocker = Blocker()
+    agent = Agent("a", "", ScriptedModel([call("b")]), tools=[tool("b", blocker)])
+    seen: list[type[StreamEvent]] = []
+    drained = False
+    with anyio.fail_after(GUARD):
+        with anyio.CancelScope() as outer:
+            async with Runtime().stream(agent, "go") as stream:
+                with anyio.CancelScope(shield=True):
+                    async for event in stream:
+                        seen.append(type(event))
+                        if isinstance(event, ToolCallStarted):
+                            await blocker.started.wait()
+                            outer.cancel()
+                    drained = True
+                    with pytest.raises(RunletError, match="the run was cancelled before"):
+                        stream.result  # noqa: B018 - the property raises
+    # (Whether the outer scope then catches a cancellation depends on the backend: the
+    # block's exit need not yield on asyncio once the run's task has ended.)
+    assert drained
+    assert blocker.cancelled
+    assert RunFinished not in seen
 
 
 async def test_a_model_error_is_raised_from_the_loop_unwrapped() -> None:
