@@ -236,11 +236,17 @@ class ResumeError(RunletError):
     """Raised when a checkpoint cannot be resumed as asked. The checkpoint, if it exists,
     is left loadable and resumable.
 
+    A store of your own raises these with a message alone, or with the id too:
+    ``CheckpointNotFoundError(f"No checkpoint {checkpoint_id!r}.", checkpoint_id=...)``.
+
     Attributes:
-        checkpoint_id: The checkpoint the resume was given.
+        checkpoint_id: The checkpoint the resume was given. When a store raised the error
+            without one, :class:`~runlet.Runtime` fills it in as the error passes through
+            ``resume()``, ``stream_resume()``, ``expire()`` or ``cancel()``; it is
+            ``None`` only outside those.
     """
 
-    def __init__(self, message: str, *, checkpoint_id: str) -> None:
+    def __init__(self, message: str, *, checkpoint_id: str | None = None) -> None:
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
 
@@ -267,7 +273,11 @@ class CheckpointResolvedError(ResumeError):
     """
 
     def __init__(
-        self, message: str, *, checkpoint_id: str, resolution: Resolution | None = None
+        self,
+        message: str,
+        *,
+        checkpoint_id: str | None = None,
+        resolution: Resolution | None = None,
     ) -> None:
         super().__init__(message, checkpoint_id=checkpoint_id)
         self.resolution = resolution
@@ -295,7 +305,9 @@ class MissingToolError(ResumeError):
         tool_name: The tool the agent lacks (``None`` when the agent's name differs).
     """
 
-    def __init__(self, message: str, *, checkpoint_id: str, tool_name: str | None) -> None:
+    def __init__(
+        self, message: str, *, checkpoint_id: str | None = None, tool_name: str | None = None
+    ) -> None:
         super().__init__(message, checkpoint_id=checkpoint_id)
         self.tool_name = tool_name
 

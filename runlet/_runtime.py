@@ -19,6 +19,7 @@ from ._errors import (
     CheckpointStoreRequiredError,
     ConfigurationError,
     HumanResponseError,
+    ResumeError,
     RunletError,
 )
 from ._events import RunFinished, StreamEvent
@@ -259,7 +260,11 @@ class Runtime:
             MaxTurnsExceededError: The run made too many model requests.
         """
         answers = _responses(response, responses)
-        return await resume(self._loop, self._durable, agent, checkpoint_id, answers, None)
+        try:
+            return await resume(self._loop, self._durable, agent, checkpoint_id, answers, None)
+        except ResumeError as exc:
+            _name_the_checkpoint(exc, checkpoint_id)
+            raise
 
     @overload
     def stream_resume(
@@ -289,8 +294,12 @@ class Runtime:
         answers = _responses(response, responses)
         loop, durable = self._loop, self._durable
 
-        def start(emit: Emit) -> Awaitable[RunResult]:
-            return resume(loop, durable, agent, checkpoint_id, answers, emit)
+        async def start(emit: Emit) -> RunResult:
+            try:
+                return await resume(loop, durable, agent, checkpoint_id, answers, emit)
+            except ResumeError as exc:
+                _name_the_checkpoint(exc, checkpoint_id)
+                raise
 
         return RunStream(start)
 
@@ -305,7 +314,11 @@ class Runtime:
             CheckpointResolvedError: The checkpoint was already answered.
             RunletError: The other errors of :meth:`resume`, except those about a response.
         """
-        return await resume(self._loop, self._durable, agent, checkpoint_id, None, None)
+        try:
+            return await resume(self._loop, self._durable, agent, checkpoint_id, None, None)
+        except ResumeError as exc:
+            _name_the_checkpoint(exc, checkpoint_id)
+            raise
 
     async def cancel(self, checkpoint_id: str) -> None:
         """Retire a checkpoint without running anything; resuming it then raises
@@ -325,15 +338,19 @@ class Runtime:
                 "cancel() needs the checkpoint store the run was saved in; this Runtime has none."
             )
         with cancel_span(self._loop.tracing, checkpoint_id) as span:
-            if self._durable:
-                if span is not None:  # traced: name the run (one read more)
-                    await _name_the_run(span, store, checkpoint_id)
-                await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
-            else:
-                checkpoint = await store.load(checkpoint_id)
-                if span is not None:
-                    span.attributes_of(checkpoint)
-                await store.delete(checkpoint_id)
+            try:
+                if self._durable:
+                    if span is not None:  # traced: name the run (one read more)
+                        await _name_the_run(span, store, checkpoint_id)
+                    await store.cancel(checkpoint_id)  # type: ignore[attr-defined]
+                else:
+                    checkpoint = await store.load(checkpoint_id)
+                    if span is not None:
+                        span.attributes_of(checkpoint)
+                    await store.delete(checkpoint_id)
+            except ResumeError as exc:
+                _name_the_checkpoint(exc, checkpoint_id)
+                raise
 
     def _start(
         self,
@@ -418,6 +435,12 @@ def _aware(clock: Clock) -> Clock:
 
     now()
     return now
+
+
+def _name_the_checkpoint(exc: ResumeError, checkpoint_id: str) -> None:
+    """Give a store's error without a checkpoint id the one it concerns."""
+    if exc.checkpoint_id is None:
+        exc.checkpoint_id = checkpoint_id
 
 
 async def _name_the_run(span: Any, store: Any, checkpoint_id: str) -> None:

@@ -22,6 +22,7 @@ from runlet import (
     CallRecord,
     Checkpoint,
     CheckpointCancelledError,
+    CheckpointClaimedError,
     CheckpointNotFoundError,
     CheckpointResolvedError,
     CheckpointSerializationError,
@@ -1750,6 +1751,57 @@ class _PlainStore:
 
     async def delete(self, checkpoint_id: str) -> None:
         self.rows.pop(checkpoint_id, None)
+
+
+class _TerseStore(_PlainStore):
+    """A store of one's own that raises Runlet's errors with a message alone."""
+
+    async def load(self, checkpoint_id: str) -> Checkpoint:
+        if checkpoint_id not in self.rows:
+            raise CheckpointNotFoundError("No such row.")
+        return self.rows[checkpoint_id]
+
+
+@pytest.mark.parametrize("how", ["resume", "stream_resume", "expire", "cancel"])
+async def test_a_store_s_error_given_a_message_alone_gets_the_checkpoint_s_id(how: str) -> None:
+    # A store author writes `raise CheckpointNotFoundError("...")`: that must be the error
+    # the application sees (not a TypeError), naming the checkpoint as Runlet's own do.
+    rt, agent, payments, _, first = await refund_run(store=_TerseStore())
+    response = approve(first)
+
+    async def attempt() -> None:
+        if how == "resume":
+            await rt.resume(agent, checkpoint_id="cp_gone", response=response)
+        elif how == "stream_resume":
+            async with rt.stream_resume(
+                agent, checkpoint_id="cp_gone", response=response
+            ) as stream:
+                async for _ in stream:
+                    pass  # pragma: no cover - the first step raises
+        elif how == "expire":
+            await rt.expire(agent, checkpoint_id="cp_gone")
+        else:
+            await rt.cancel("cp_gone")
+
+    with pytest.raises(CheckpointNotFoundError, match="No such row") as caught:
+        await attempt()
+    assert "cp_gone" == caught.value.checkpoint_id
+    assert [] == payments.attempts
+
+
+async def test_a_durable_store_s_error_given_a_message_alone_gets_the_checkpoint_s_id() -> None:
+    class Busy(InMemoryCheckpointStore):
+        async def claim(self, checkpoint_id: str) -> runlet.Claim:
+            raise CheckpointClaimedError("Someone else has it.")
+
+    rt, agent, payments, _, first = await refund_run(store=Busy())
+    with pytest.raises(CheckpointClaimedError, match="Someone else") as caught:
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert cp(first) == caught.value.checkpoint_id
+    assert [] == payments.attempts
+    # An id the store gave is kept as it is.
+    assert "cp_x" == CheckpointClaimedError("busy", checkpoint_id="cp_x").checkpoint_id
+    assert None is CheckpointClaimedError("busy").checkpoint_id
 
 
 @pytest.mark.parametrize("kind", ["memory", "plain"])
