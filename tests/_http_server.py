@@ -70,7 +70,7 @@ class Reply:
 
 def sse(data: Any, event: str | None = None) -> str:
     """One server-sent event carrying *data* (JSON-encoded unless it is a str)."""
-    text = data if isinstance(data, str) else json.dumps(data)
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {text}\n\n"
 

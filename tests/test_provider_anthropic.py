@@ -389,6 +389,17 @@ class TestStreaming:
         assert final == ModelResponse(Message.assistant("Hello there, friend."), Usage(30, 8, 1))
         assert server.bodies[0]["stream"] is True
 
+    async def test_streamed_text_with_characters_other_splitters_break_lines_at(
+        self, server: ModelServer
+    ) -> None:
+        # A server that writes JSON with ensure_ascii=False (or serde_json, JSON.stringify)
+        # sends these as they are; only CR and LF end a line of an event stream.
+        text = "One\u2028two\u2029three\x85four\x0bfive\x0csix\x1cseven."
+        server.reply(Reply(events=anthropic_stream(text, usage=(30, 8))))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert items[-1] == ModelResponse(Message.assistant(text), Usage(30, 8, 1))
+
     async def test_streamed_parallel_tool_calls_in_many_chunks(self, server: ModelServer) -> None:
         calls = [
             ("toolu_1", "weather", json.dumps({"city": "Oslo", "unit": "celsius"})),

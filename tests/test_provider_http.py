@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import random
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,7 @@ from runlet.providers._http import (
     SSEDecoder,
     parse_retry_after,
     sentence,
+    sse_lines,
 )
 from runlet.providers.anthropic import AnthropicModel
 from runlet.providers.openai import OpenAIChatModel
@@ -74,6 +76,59 @@ class TestSSEDecoder:
         text = "".join(f"data: {line}\n" for line in lines) + "\n"
         expected = [ServerSentEvent("message", "\n".join(lines))] if lines else []
         assert decode(text) == expected
+
+
+def lines_of(chunks: list[str]) -> list[str]:
+    """The lines sse_lines() makes of *chunks* (it never waits here, so no event loop)."""
+
+    async def texts() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield chunk
+
+    async def every_line() -> list[str]:
+        return [line async for line in sse_lines(texts())]  # type: ignore[arg-type]
+
+    work = every_line()
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    raise AssertionError("sse_lines waited")  # pragma: no cover
+
+
+class TestSSELines:
+    def test_only_cr_lf_and_crlf_end_a_line(self) -> None:
+        # JSON strings may hold these as they are; str.splitlines() would cut there.
+        others = "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg\x1dh\x1ei"
+        text = f"data: {others}\r\ndata: x\ry\n\n"
+        assert lines_of([text]) == [f"data: {others}", "data: x", "y", ""]
+
+    def test_a_crlf_split_between_chunks_is_one_line_break(self) -> None:
+        assert lines_of(["data: 1\r", "\ndata: 2\r", "\n\r", "\n"]) == [
+            "data: 1",
+            "data: 2",
+            "",
+        ]
+
+    def test_a_cr_then_a_chunk_of_just_lf_then_lf_is_a_blank_line(self) -> None:
+        assert lines_of(["a\r", "\n", "\n"]) == ["a", ""]
+
+    def test_the_last_line_without_a_break_is_kept(self) -> None:
+        assert lines_of(["data: 1\n", "data: 2"]) == ["data: 1", "data: 2"]
+        assert lines_of([]) == []
+        assert lines_of(["", ""]) == []
+
+    @given(
+        st.text(alphabet="ab\r\n\u2028\x85"),
+        st.lists(st.integers(0, 40), max_size=6),
+    )
+    def test_any_split_gives_the_lines_of_the_whole(self, text: str, cuts: list[int]) -> None:
+        points = sorted({min(cut, len(text)) for cut in cuts})
+        chunks = [text[i:j] for i, j in zip([0, *points], [*points, len(text)], strict=True)]
+        whole = re.split(r"\r\n|\r|\n", text)
+        if whole[-1] == "":
+            whole.pop()
+        assert lines_of(chunks) == whole
 
 
 class TestRetryAfter:

@@ -356,6 +356,29 @@ def should_retry(status: int) -> bool:
     return status >= 500 or status in _RETRY_4XX
 
 
+# The only line breaks of an event stream (a JSON string may hold U+2028, U+0085 and the
+# like as they are; str.splitlines() and httpx's aiter_lines() would break lines there).
+_SSE_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+async def sse_lines(texts: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """The lines of an event stream's decoded text, each without its line break: a line
+    ends at CRLF, LF or CR only, as the server-sent events format says, wherever the
+    chunks of *texts* split it. Iterating to the end iterates *texts* to its end."""
+    rest = ""
+    after_cr = False  # the last chunk ended in CR: a LF starting the next one ends no line
+    async for text in texts:
+        if after_cr and text.startswith("\n"):
+            text = text[1:]
+        after_cr = text.endswith("\r")
+        lines = _SSE_LINE_BREAK.split(rest + text)
+        rest = lines.pop()
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
 async def _read_tail(lines: AsyncGenerator[str, None]) -> None:
     """Read what follows the end-of-answer event, so the connection can be reused.
 
@@ -371,7 +394,8 @@ async def _read_tail(lines: AsyncGenerator[str, None]) -> None:
 
 
 async def _run_down(lines: AsyncGenerator[str, None]) -> None:
-    """Run httpx's line iterator to its end once its response is closed.
+    """Run the line iterator over httpx's text iterator to its end once its response is
+    closed.
 
     Closing only our outermost generator would leave the generators httpx and httpcore
     nest inside it suspended; trio then warns about each when it is garbage collected.
@@ -618,7 +642,7 @@ class HTTPModel:
         self, response: httpx.Response, assembler: StreamAssembler
     ) -> AsyncGenerator[ModelStreamItem, None]:
         decoder = SSEDecoder()
-        lines = cast(AsyncGenerator[str, None], response.aiter_lines())
+        lines = sse_lines(cast(AsyncGenerator[str, None], response.aiter_text()))
         try:
             async for line in lines:
                 event = decoder.feed(line)
