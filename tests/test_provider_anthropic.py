@@ -151,6 +151,18 @@ class TestComplete:
         assert "app_data" not in first
         assert (second["max_tokens"], second["stop_sequences"]) == (100, ["A", "B"])
 
+    async def test_tool_choice_is_left_out_without_tools(self, server: ModelServer) -> None:
+        # "tool_choice may only be specified while providing tools": one options mapping
+        # shared by agents with and without tools must not fail for those without.
+        server.reply(Reply(json=anthropic_message("ok")), Reply(json=anthropic_message("ok")))
+        choice = {"type": "any"}
+        async with make(server) as model:
+            await model.complete(ask(tool_choice=choice, temperature=0.5))
+            await model.complete(ask(tools=(WEATHER,), tool_choice=choice, temperature=0.5))
+        without, with_tools = server.bodies
+        assert ("tool_choice" not in without, without["temperature"]) == (True, 0.5)
+        assert (with_tools["tool_choice"], with_tools["temperature"]) == (choice, 0.5)
+
     async def test_tool_call_keeps_id(self, server: ModelServer) -> None:
         server.reply(
             Reply(json=anthropic_message(None, [("toolu_01", "weather", {"city": "Oslo"})]))

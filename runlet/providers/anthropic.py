@@ -235,8 +235,8 @@ class AnthropicModel(HTTPModel):
         for key, value in request.options.items():
             if key == "stop":
                 body["stop_sequences"] = [value] if isinstance(value, str) else value
-            elif key in OPTIONS:
-                body[key] = value
+            elif key in OPTIONS and (key != "tool_choice" or request.tools):
+                body[key] = value  # (the API refuses tool_choice without tools)
         if stream:
             body["stream"] = True
         return body
