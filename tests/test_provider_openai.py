@@ -607,6 +607,33 @@ class TestStreaming:
             ToolCall("b", "weather", {"city": "Rome"}),
         ]
 
+    async def test_stream_that_gives_every_call_index_zero(self, server: ModelServer) -> None:
+        # Ollama sends each call whole in a chunk of its own, all at index 0: a new id at
+        # an index is a new call, while pieces without an id (or with the same one) go on
+        # with the call there.
+        def piece(call_id: str | None = None, **function: str) -> str:
+            call: dict[str, Any] = {"index": 0, "function": function}
+            if call_id is not None:
+                call["id"] = call_id
+            return openai_chunk({"tool_calls": [call]})
+
+        events = (
+            piece("call_a1", name="get_weather", arguments='{"location": "Paris"}'),
+            piece("call_b2", name="get_time", arguments='{"tz":'),
+            piece(arguments=' "Asia/Tokyo"}'),
+            piece("call_b2", arguments=""),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert [0, 1, 1, 1] == [i.index for i in items if isinstance(i, ToolCallDelta)]
+        assert list(items[-1].message.tool_calls) == [
+            ToolCall("call_a1", "get_weather", {"location": "Paris"}),
+            ToolCall("call_b2", "get_time", {"tz": "Asia/Tokyo"}),
+        ]
+
     async def test_stream_arguments_that_are_not_a_string(self, server: ModelServer) -> None:
         # complete() refuses the same answer; the stream must not hand out a delta whose
         # arguments are a dict and then fail with a TypeError.

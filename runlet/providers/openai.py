@@ -441,9 +441,9 @@ class _Stream:
         self._finished = False
         self._text: list[str] = []
         self._reasoning: list[str] = []
-        # The API's own call indexes, mapped to the order the calls first appeared in.
-        self._calls: dict[int, _PartialCall] = {}
-        self._last = 0
+        self._calls: list[_PartialCall] = []  # in the order they first appeared
+        self._at: dict[int, _PartialCall] = {}  # the API's own index: the call there now
+        self._last: _PartialCall | None = None
         self._usage = Usage(requests=1)
 
     def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
@@ -484,13 +484,16 @@ class _Stream:
             if index is None:
                 # A few servers omit it: an id other than the current call's starts a new
                 # call (some repeat the id on every piece of one call).
-                current = self._calls.get(self._last)
-                new = current is None or (call_id and call_id != current.id)
-                index = len(self._calls) if new else self._last
-            partial = self._calls.get(index)
-            if partial is None:
-                partial = self._calls[index] = _PartialCall(len(self._calls))
-            self._last = index
+                partial = self._last
+                if partial is None or (call_id and call_id != partial.id):
+                    partial = self._new_call()
+            else:
+                # Some (Ollama) give every call index 0, each whole in its own chunk with
+                # its own id: a new id at an index starts a new call there too.
+                partial = self._at.get(index)
+                if partial is None or (call_id and partial.id and call_id != partial.id):
+                    partial = self._at[index] = self._new_call()
+            self._last = partial
             function = piece.get("function") or {}
             name = function.get("name")
             arguments = function.get("arguments") or ""
@@ -509,6 +512,11 @@ class _Stream:
         if choice.get("finish_reason"):
             self._finished = True
 
+    def _new_call(self) -> _PartialCall:
+        partial = _PartialCall(len(self._calls))
+        self._calls.append(partial)
+        return partial
+
     def finish(self) -> ModelResponse:
         if not (self.done or self._finished):
             raise ModelResponseError(
@@ -516,7 +524,7 @@ class _Stream:
                 "and no [DONE]). The partial answer was dropped; run again."
             )
         calls = []
-        for index, partial in enumerate(self._calls.values()):
+        for index, partial in enumerate(self._calls):
             if not partial.name:
                 raise ModelResponseError(
                     f"The {_API} stream sent tool call {index} without a function name. Check "
