@@ -309,7 +309,8 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
                 it, even if it was resolved or cancelled since.
             agent_name: Only checkpoints of the agent with exactly this name.
             metadata: Only runs whose metadata has each of these top-level keys with an
-                equal value (``==``, so nested values compare whole).
+                equal value, as JSON values compare: nested values compare whole, ``1``
+                and ``1.0`` are equal, but ``true`` is not ``1`` and ``"1"`` is not ``1``.
 
         Raises:
             ~runlet.CheckpointNotFoundError: *after* names no checkpoint of this store
@@ -378,11 +379,31 @@ def check_lease(lease: object) -> None:
 
 
 def metadata_matches(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
-    """Whether *metadata* has every top-level key of *wanted* with an equal value."""
+    """Whether *metadata* has every top-level key of *wanted* with an equal JSON value."""
     if not wanted:
         return True
     missing = object()
-    return all(metadata.get(key, missing) == value for key, value in wanted.items())
+    return all(json_equal(metadata.get(key, missing), value) for key, value in wanted.items())
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal as JSON: like ``==``, except that a bool equals
+    only a bool (Python's ``True == 1``), and a tuple and a list are both arrays."""
+    if type(a) is bool or type(b) is bool:
+        return a is b
+    if isinstance(a, (list, tuple)):
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
+    if isinstance(a, Mapping):
+        return (
+            isinstance(b, Mapping)
+            and a.keys() == b.keys()
+            and all(json_equal(value, b[key]) for key, value in a.items())
+        )
+    return bool(a == b)
 
 
 class _Entry:

@@ -241,6 +241,17 @@ class TestInMemoryCheckpointStore:
         with pytest.raises(CheckpointNotFoundError):
             await store.list_pending(after="cp_missing")
 
+    async def test_a_metadata_array_held_as_a_tuple_matches_a_list(self) -> None:
+        # A run's metadata keeps the caller's tuple in memory; JSON knows only arrays.
+        store = InMemoryCheckpointStore()
+        rt = Runtime(checkpoint_store=store)
+        tool = ToolSpec("refund", "Refund.", ORDER_SCHEMA, Refund(), requires_approval=True)
+        agent = Agent("a", "", ScriptedModel([call("refund", order_id="1")]), (tool,))
+        result = await rt.run(agent, "go", metadata={"tags": ("a", ("b", True))})
+        listed = await store.list_pending(metadata={"tags": ["a", ["b", True]]})
+        assert [result.checkpoint_id] == [found.checkpoint_id for found in listed]
+        assert [] == await store.list_pending(metadata={"tags": ["a", ["b", 1]]})
+
 
 # --- Claim tokens ------------------------------------------------------------------------
 

@@ -881,6 +881,27 @@ def store_conformance_tests(
             assert await ids({"user": {"role": "admin", "id": 1}}) == ["cp_1"]
             assert await ids({"tags": [1, 2], "n": 1}) == ["cp_1"]
 
+        async def test_a_metadata_filter_compares_as_json_so_true_is_not_1(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # Python says True == 1 and 1 == 1.0; JSON has booleans apart from numbers.
+            # Compare the values as JSON (a bool equals only a bool), not with ==.
+            await store.save(sample_checkpoint("cp_1", metadata={"vip": True, "n": 1}))
+            await store.save(sample_checkpoint("cp_2", metadata={"vip": 1, "n": [False, 0]}))
+
+            async def ids(wanted: dict[str, Any]) -> list[str]:
+                found = await store.list_pending(metadata=wanted)
+                return [item.checkpoint_id for item in found]
+
+            assert await ids({"vip": True}) == ["cp_1"]
+            assert await ids({"vip": 1}) == ["cp_2"]
+            assert await ids({"vip": 1.0}) == ["cp_2"]  # one number, as in JSON
+            assert await ids({"n": True}) == []
+            assert await ids({"n": 1.0}) == ["cp_1"]
+            assert await ids({"n": [0, False]}) == []
+            assert await ids({"n": [False, 0]}) == ["cp_2"]
+            assert await ids({"n": [False, False]}) == []
+
         # --- JSON --------------------------------------------------------------------
 
         async def test_every_field_round_trips(self, store: DurableCheckpointStore) -> None:
