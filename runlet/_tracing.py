@@ -239,6 +239,7 @@ class RunTrace:
     __slots__ = (
         "_api",
         "_common",
+        "_completed_with",
         "_input_tokens",
         "_output_tokens",
         "_parent",
@@ -286,6 +287,7 @@ class RunTrace:
         self.start_links: list[Any] = []
         self._input_tokens = 0
         self._output_tokens = 0
+        self._completed_with: Message | None = None
         self.span: Span | None = None
         self._parent: Context | None = None
         self._token: Token[Context] | None = None
@@ -315,6 +317,13 @@ class RunTrace:
         assert span is not None
         span.set_attribute(INPUT_TOKENS, self._input_tokens)
         span.set_attribute(OUTPUT_TOKENS, self._output_tokens)
+        final = self._completed_with
+        if final is not None and exc is None:
+            # Only now: a resume that fails after the model's final answer (storing its
+            # outcome, say) did not complete the run, and its checkpoint stays resumable.
+            span.set_attribute(RUN_STATUS, "completed")
+            if self.content:
+                span.set_attribute(OUTPUT_MESSAGES, _output_json(final, "stop"))
         self._close(span, self._token, exc)
 
     def reference(self) -> dict[str, str] | None:
@@ -395,14 +404,6 @@ class RunTrace:
                 attributes[HUMAN_ARGUMENTS] = _dumps(decision.arguments)
         return attributes
 
-    def _completed(self, message: Message) -> None:
-        span = self.span
-        if span is None:  # pragma: no cover - the loop runs inside the span
-            return
-        span.set_attribute(RUN_STATUS, "completed")
-        if self.content:
-            span.set_attribute(OUTPUT_MESSAGES, _output_json(message, "stop"))
-
     # -- child spans ----------------------------------------------------------------------
 
     async def chat(
@@ -449,7 +450,7 @@ class RunTrace:
             span.set_attribute(OUTPUT_MESSAGES, _output_json(message, finish))
         self._close(span, token, None)
         if finish == "stop":
-            self._completed(message)
+            self._completed_with = message  # recorded on the run span if nothing fails
         return response
 
     async def tool(

@@ -782,6 +782,34 @@ async def test_a_resume_from_a_plain_store_is_traced_the_same_way(
     assert attrs_of(span)["runlet.run.status"] == "completed"
 
 
+async def test_a_resume_that_fails_after_the_final_answer_is_not_called_completed(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    class DownAtTheEnd(InMemoryCheckpointStore):
+        async def resolve(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("db down")
+
+    model = NamedModel([call("get_weather", city="Paris", id="c1"), "Sunny."])
+    agent = weather_agent(model, weather_tool(approval=True))
+    runtime = Runtime(DownAtTheEnd(), tracer_provider=provider, trace_content=True)
+    first = await runtime.run(agent, "Weather?")
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    exporter.clear()
+    with pytest.raises(RuntimeError, match="db down"):
+        await runtime.resume(
+            agent,
+            checkpoint_id=first.checkpoint_id,
+            response=HumanResponse(first.interruption.id, "approve"),
+        )
+    span = one(exporter.get_finished_spans(), "invoke_agent weather")
+    assert span.status.status_code == StatusCode.ERROR
+    assert attrs_of(span)["error.type"] == "RuntimeError"
+    # The checkpoint stays resumable: the run did not complete, whatever the model said.
+    assert "runlet.run.status" not in attrs_of(span)
+    assert "gen_ai.output.messages" not in attrs_of(span)
+
+
 async def test_several_decisions_become_one_event_each(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
