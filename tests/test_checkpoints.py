@@ -3,6 +3,7 @@ golden file), and resuming one in "another process"."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import decimal
 import json
@@ -23,6 +24,7 @@ from runlet import (
     Agent,
     Checkpoint,
     CheckpointSerializationError,
+    Decision,
     HumanOption,
     HumanRequest,
     HumanResponse,
@@ -774,6 +776,56 @@ def test_an_earlier_call_json_cannot_hold_is_refused_when_read(where: str) -> No
     with pytest.raises(CheckpointSerializationError, match="JSON cannot hold") as info:
         structure_checkpoint(data)
     assert f"{where}[1].tool_calls[0].arguments['total']" == info.value.path
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("metadata", "metadata['score']"),
+        ("options", "options['temperature']"),
+        ("decision-arguments", "decisions[0].arguments['total']"),
+        ("decision-metadata", "decisions[0].metadata['ticket']"),
+    ],
+)
+def test_the_one_value_json_cannot_hold_in_flat_data_is_refused_when_read(
+    where: str, path: str
+) -> None:
+    # Everything else is flat JSON, which reading lets through at a glance: the glance
+    # must still see the one value that is not, wherever it is, also alone in its object.
+    looked_up = ToolCall("c0", "lookup", {"order_id": "1"})
+    earlier = (
+        Message.user("Refund 1."),
+        Message.assistant("", [looked_up]),
+        Message.tool(ToolResult("c0", "found")),
+    )
+    decided = Decision(
+        request_id="req_0",
+        checkpoint_id="cp_0",
+        tool_call_id="c0",
+        tool_name="lookup",
+        kind="approval",
+        action="approve",
+        arguments={"order_id": "1"},
+        metadata={"ticket": 1},
+        decided_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
+    )
+    data = _one_call_checkpoint(
+        transcript=(*earlier, Message.assistant("", [_FIRST])), decisions=(decided,)
+    )
+    assert structure_checkpoint(copy.deepcopy(data)).decisions == (decided,)
+    nan = float("nan")
+    if where == "metadata":
+        data["metadata"] = {"score": nan}
+    elif where == "options":
+        data["options"] = {"temperature": nan}
+    elif where == "decision-arguments":
+        data["decisions"][0]["arguments"]["total"] = nan
+    else:
+        data["decisions"][0]["metadata"] = {"ticket": nan}
+
+    with pytest.raises(CheckpointSerializationError, match="JSON cannot hold") as info:
+        structure_checkpoint(data)
+    assert path == info.value.path
 
 
 def test_finite_floats_and_nested_values_load() -> None:

@@ -1557,6 +1557,8 @@ def test_more_ways_a_checkpoint_can_fail_to_hang_together(problem: str, where: s
     with pytest.raises(CheckpointSerializationError, match=problem) as info:
         structure_checkpoint(data)
     assert where == info.value.path
+    if problem == "neither a result":
+        assert "calls 'c2' have neither" in str(info.value)  # the call left without one
 
 
 @pytest.mark.parametrize(
