@@ -759,17 +759,19 @@ def test_data_made_by_hand_with_values_json_cannot_hold_is_refused(
     assert path == info.value.path
 
 
+# A lookup the run made before the refund that waits.
+_EARLIER = (
+    Message.user("Refund 1."),
+    Message.assistant("", [ToolCall("c0", "lookup", {"order_id": "1"})]),
+    Message.tool(ToolResult("c0", "found")),
+)
+
+
 @pytest.mark.parametrize("where", ["messages", "transcript"])
 def test_an_earlier_call_json_cannot_hold_is_refused_when_read(where: str) -> None:
     # Everything else in this checkpoint is flat JSON, seen at a glance.
-    looked_up = ToolCall("c0", "lookup", {"order_id": "1"})
-    earlier = (
-        Message.user("Refund 1."),
-        Message.assistant("", [looked_up]),
-        Message.tool(ToolResult("c0", "found")),
-    )
     data = _one_call_checkpoint(
-        messages=earlier, transcript=(*earlier, Message.assistant("", [_FIRST]))
+        messages=_EARLIER, transcript=(*_EARLIER, Message.assistant("", [_FIRST]))
     )
     data[where][1]["tool_calls"][0]["arguments"]["total"] = float("nan")
 
@@ -792,12 +794,6 @@ def test_the_one_value_json_cannot_hold_in_flat_data_is_refused_when_read(
 ) -> None:
     # Everything else is flat JSON, which reading lets through at a glance: the glance
     # must still see the one value that is not, wherever it is, also alone in its object.
-    looked_up = ToolCall("c0", "lookup", {"order_id": "1"})
-    earlier = (
-        Message.user("Refund 1."),
-        Message.assistant("", [looked_up]),
-        Message.tool(ToolResult("c0", "found")),
-    )
     decided = Decision(
         request_id="req_0",
         checkpoint_id="cp_0",
@@ -810,7 +806,7 @@ def test_the_one_value_json_cannot_hold_in_flat_data_is_refused_when_read(
         decided_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
     )
     data = _one_call_checkpoint(
-        transcript=(*earlier, Message.assistant("", [_FIRST])), decisions=(decided,)
+        transcript=(*_EARLIER, Message.assistant("", [_FIRST])), decisions=(decided,)
     )
     assert structure_checkpoint(copy.deepcopy(data)).decisions == (decided,)
     nan = float("nan")

@@ -865,6 +865,16 @@ async def test_an_outer_cancellation_is_not_swallowed_by_the_stream() -> None:
     assert blocker.cancelled
 
 
+async def _fail_once_the_tool_runs(agent: Agent, blocker: Blocker, cancel: Any) -> None:
+    """Stream *agent*'s run; once its tool runs, call *cancel*, then raise in the block."""
+    async with Runtime().stream(agent, "go") as stream:
+        async for event in stream:
+            if isinstance(event, ToolCallStarted):
+                await blocker.started.wait()
+                cancel()
+                raise ValueError("client gone")
+
+
 async def test_an_error_of_the_block_is_not_lost_to_a_cancellation_around_it() -> None:
     # The block raises while a scope around it is cancelled (a web client that went away:
     # the send fails, and the request's scope is cancelled): waiting for the run's task
@@ -877,12 +887,7 @@ async def test_an_error_of_the_block_is_not_lost_to_a_cancellation_around_it() -
     with anyio.fail_after(GUARD):
         with anyio.CancelScope() as outer:
             try:
-                async with Runtime().stream(agent, "go") as stream:
-                    async for event in stream:
-                        if isinstance(event, ToolCallStarted):
-                            await blocker.started.wait()
-                            outer.cancel()
-                            raise ValueError("client gone")
+                await _fail_once_the_tool_runs(agent, blocker, outer.cancel)
             except ValueError as exc:
                 caught.append(exc)
             await anyio.lowlevel.checkpoint()
@@ -909,12 +914,7 @@ async def test_a_native_cancellation_meeting_an_error_of_the_block_still_comes_o
 
     async def consume() -> None:
         try:
-            async with Runtime().stream(agent, "go") as stream:
-                async for event in stream:
-                    if isinstance(event, ToolCallStarted):
-                        await blocker.started.wait()
-                        native.cancel()
-                        raise ValueError("client gone")
+            await _fail_once_the_tool_runs(agent, blocker, native.cancel)
         except BaseException as exc:
             raised.append(exc)
             raise
