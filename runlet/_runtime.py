@@ -514,7 +514,9 @@ class RunStream:
 
     @property
     def result(self) -> RunResult:
-        """The run's result, once the stream has handed out :class:`~runlet.RunFinished`.
+        """The run's result, once the run has finished: after
+        :class:`~runlet.RunFinished`, and also after a ``break`` at
+        :class:`~runlet.Interrupted`, since an interrupted run ends there.
 
         Raises:
             RunletError: The run has not finished (keep iterating), or it failed.
@@ -528,9 +530,9 @@ class RunStream:
             if self._exited:
                 raise RunletError(
                     "The stream has no result: its `async with` block was left before the "
-                    "stream handed out RunFinished, which stopped the run if it was still "
-                    "going. Iterate it to RunFinished inside the block; an interrupted run's "
-                    "checkpoint, if one was saved, can still be resumed."
+                    "run finished, which stopped the run. Iterate it to RunFinished inside "
+                    "the block; an interrupted run's checkpoint, if one was saved, can still "
+                    "be resumed."
                 )
             if self._cancelled:
                 raise RunletError(
@@ -599,7 +601,7 @@ class RunStream:
         if receive is None:
             raise RunletError("Use the stream inside `async with runtime.stream(...) as s:`.")
         try:
-            event = await receive.receive()
+            return await receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             if self._interrupt is not None:
                 raise self._interrupt  # noqa: B904 - the run's own, unchained
@@ -607,14 +609,11 @@ class RunStream:
                 raise self._error  # noqa: B904 - the run's own error, unchained
             if self._exited and self._result is None:
                 raise RunletError(
-                    "The stream's `async with` block was left before the stream handed out "
-                    "RunFinished, which stopped the run if it was still going: there are no "
-                    "more events. Iterate it inside the block."
+                    "The stream's `async with` block was left before the run finished, "
+                    "which stopped the run: there are no more events. Iterate it inside "
+                    "the block."
                 ) from None
             raise StopAsyncIteration from None
-        if type(event) is RunFinished:
-            self._result = event.result  # the result is there once its event was handed out
-        return event
 
     async def _produce(self, send: MemoryObjectSendStream[StreamEvent]) -> None:
         with send:
@@ -642,4 +641,5 @@ class RunStream:
                 assert self._group is not None
                 self._group.cancel_scope.cancel()
                 return
+            self._result = result
             await send.send(RunFinished(result))

@@ -679,28 +679,30 @@ async def test_break_during_model_streaming_closes_the_model_stream() -> None:
                 break
         assert model.cancelled
         assert model.exited == 1
-    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
+    with pytest.raises(RunletError, match="block was left before the run finished"):
         stream.result  # noqa: B018 - the property raises
-    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
+    with pytest.raises(RunletError, match="block was left before the run finished"):
         await stream.__anext__()  # no silent end: the rest of the run never happened
 
 
-async def test_the_result_is_there_once_run_finished_was_handed_out_not_before() -> None:
-    # The run has ended behind the events not read yet: its result still waits for its
-    # event, so what the consumer can read does not depend on how far the run got.
-    agent = Agent("a", "", ScriptedModel(["Hi."]))
-    with anyio.fail_after(GUARD):
-        async with Runtime().stream(agent, "go") as stream:
-            async for event in stream:
-                if isinstance(event, MessageCompleted):
-                    await anyio.wait_all_tasks_blocked()  # the run's task has ended
-                    with pytest.raises(RunletError, match="no result yet"):
-                        stream.result  # noqa: B018 - the property raises
-                    break
-    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
-        stream.result  # noqa: B018 - the property raises
-    with pytest.raises(RunletError, match="left before the stream handed out RunFinished"):
-        await stream.__anext__()
+async def test_a_stream_left_at_interrupted_has_the_interrupted_result() -> None:
+    # An interruption ends the run: a consumer that stops at Interrupted (to resume
+    # later) finds the result there, whatever it did not read after it.
+    gated = tool("b", echo, requires_approval=True)
+    for _ in range(3):  # not a matter of timing
+        agent = Agent("a", "", ScriptedModel([call("b")]), tools=[gated])
+        stopped_at: list[Interrupted] = []
+        with anyio.fail_after(GUARD):
+            runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+            async with runtime.stream(agent, "go") as stream:
+                async for event in stream:
+                    if isinstance(event, Interrupted):
+                        stopped_at.append(event)
+                        break
+        (interrupted,) = stopped_at
+        assert stream.result.status == "interrupted"
+        assert stream.result.checkpoint_id == interrupted.checkpoint_id
+        assert stream.result.interruption == interrupted.request
 
 
 async def test_a_finished_stream_iterated_again_after_its_block_just_ends() -> None:
