@@ -634,6 +634,26 @@ class TestStreaming:
             ToolCall("call_b2", "get_time", {"tz": "Asia/Tokyo"}),
         ]
 
+    async def test_stream_that_varies_the_id_between_pieces_of_one_call(
+        self, server: ModelServer
+    ) -> None:
+        # A new id at an index starts a new call only once the call there is whole.
+        def piece(call_id: str, **function: str) -> str:
+            return openai_chunk({"tool_calls": [{"index": 0, "id": call_id, "function": function}]})
+
+        events = (
+            piece("x1", name="get_time", arguments=""),
+            piece("x2", arguments='{"tz":'),
+            piece("x3", arguments=' "UTC"}'),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert [0, 0, 0] == [i.index for i in items if isinstance(i, ToolCallDelta)]
+        assert list(items[-1].message.tool_calls) == [ToolCall("x3", "get_time", {"tz": "UTC"})]
+
     async def test_stream_arguments_that_are_not_a_string(self, server: ModelServer) -> None:
         # complete() refuses the same answer; the stream must not hand out a delta whose
         # arguments are a dict and then fail with a TypeError.

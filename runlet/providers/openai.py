@@ -432,6 +432,15 @@ class _PartialCall:
     name: str | None = None
     arguments: list[str] = attrs.Factory(list)
 
+    def whole(self) -> bool:
+        """Whether the call has its name and arguments that are a complete JSON object."""
+        if not self.name:
+            return False
+        try:
+            return isinstance(json.loads("".join(self.arguments)), dict)
+        except ValueError:
+            return False
+
 
 class _Stream:
     """Assembles a streamed Chat Completions answer from its ``data:`` chunks."""
@@ -489,9 +498,13 @@ class _Stream:
                     partial = self._new_call()
             else:
                 # Some (Ollama) give every call index 0, each whole in its own chunk with
-                # its own id: a new id at an index starts a new call there too.
+                # its own id: a new id at an index starts a new call there too, once the
+                # call there is whole (a server that varies the id between the pieces of
+                # one call goes on with it).
                 partial = self._at.get(index)
-                if partial is None or (call_id and partial.id and call_id != partial.id):
+                if partial is None or (
+                    call_id and partial.id and call_id != partial.id and partial.whole()
+                ):
                     partial = self._at[index] = self._new_call()
             self._last = partial
             function = piece.get("function") or {}
