@@ -514,9 +514,9 @@ class RunStream:
 
     @property
     def result(self) -> RunResult:
-        """The run's result, once the run has finished: after
+        """The run's result, once the run has finished (after
         :class:`~runlet.RunFinished`, and also after a ``break`` at
-        :class:`~runlet.Interrupted`, since an interrupted run ends there.
+        :class:`~runlet.Interrupted`, since an interrupted run ends there).
 
         Raises:
             RunletError: The run has not finished (keep iterating), or it failed.
