@@ -87,6 +87,13 @@ async def collect(model: OpenAIChatModel, request: ModelRequest) -> list[Any]:
         return [item async for item in items]
 
 
+async def streamed(server: ModelServer, events: tuple[str, ...]) -> list[Any]:
+    """What the adapter makes of a stream of *events* for a plain request."""
+    server.reply(Reply(events=events))
+    async with make(server) as model:
+        return await collect(model, ask())
+
+
 async def collect_into(seen: list[Any], model: OpenAIChatModel, request: ModelRequest) -> None:
     async with model.stream(request) as items:
         async for item in items:
@@ -572,9 +579,7 @@ class TestStreaming:
             openai_chunk({}, "tool_calls"),
             OPENAI_DONE,
         )
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         calls = [
             ToolCall("a", "weather", {"city": "Oslo"}),
             ToolCall("b", "weather", {"city": "Rome"}),
@@ -598,9 +603,7 @@ class TestStreaming:
             openai_chunk({}, "tool_calls"),
             OPENAI_DONE,
         )
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         assert [0, 1, 0] == [i.index for i in items if isinstance(i, ToolCallDelta)]
         assert list(items[-1].message.tool_calls) == [
             ToolCall("a", "weather", {"city": "Oslo"}),
@@ -625,9 +628,7 @@ class TestStreaming:
             openai_chunk({}, "tool_calls"),
             OPENAI_DONE,
         )
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         assert [0, 1, 1, 1] == [i.index for i in items if isinstance(i, ToolCallDelta)]
         assert list(items[-1].message.tool_calls) == [
             ToolCall("call_a1", "get_weather", {"location": "Paris"}),
@@ -648,9 +649,7 @@ class TestStreaming:
             openai_chunk({}, "tool_calls"),
             OPENAI_DONE,
         )
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         assert [0, 0, 0] == [i.index for i in items if isinstance(i, ToolCallDelta)]
         assert list(items[-1].message.tool_calls) == [ToolCall("x3", "get_time", {"tz": "UTC"})]
 
@@ -1040,9 +1039,7 @@ class TestReasoning:
     @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
     async def test_streamed_as_reasoning_deltas(self, server: ModelServer, field: str) -> None:
         events = openai_stream("Paris.", reasoning="France's capital...", reasoning_field=field)
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         *deltas, final = items
         reasoning = [item for item in deltas if isinstance(item, ReasoningDelta)]
         assert len(reasoning) > 1
@@ -1161,9 +1158,7 @@ class TestCachedTokens:
 
     async def test_streamed(self, server: ModelServer) -> None:
         events = (*openai_stream("ok")[:-2], openai_usage_chunk(500, 3, cached=384), OPENAI_DONE)
-        server.reply(Reply(events=events))
-        async with make(server) as model:
-            items = await collect(model, ask())
+        items = await streamed(server, events)
         assert items[-1].usage == Usage(500, 3, 1, cache_read_tokens=384)
 
     async def test_odd_counts_are_zero(self, server: ModelServer) -> None:
