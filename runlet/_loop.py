@@ -52,7 +52,7 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, edited_content
 from ._tracing import Tracing
-from ._util import side_by_side, slot_builder
+from ._util import own_copy, side_by_side, slot_builder
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
@@ -378,7 +378,9 @@ async def run_tool(
     if trace is None and tool._is_async and tool.timeout is None:
         # What tool._invoke does for this case, without a coroutine of its own.
         try:
-            value = await tool.handler(arguments, context)
+            # The handler's own copy: what it changes in place is not the call the model
+            # made, nor the arguments a person approved (the audit trail keeps those).
+            value = await tool.handler(own_copy(arguments), context)
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
             content, is_error = tool._failed(exc)
         else:

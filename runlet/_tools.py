@@ -14,7 +14,7 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._util import is_seconds
+from ._util import is_seconds, own_copy
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -209,10 +209,12 @@ class ToolSpec:
         description: What the tool does, for the model.
         input_schema: A JSON Schema the arguments must satisfy.
         handler: ``async def handler(arguments, context) -> str | JSON value``. It gets
-            the validated arguments and a :class:`ToolContext`. A ``str`` goes to the
-            model as is; any other JSON value is sent as JSON text. A plain function runs
-            in a worker thread (it cannot be interrupted there: on cancellation or
-            timeout Runlet stops waiting for it, but the thread finishes on its own).
+            the validated arguments (its own copy: changing them in place changes
+            neither the model's call nor the arguments a person approved) and a
+            :class:`ToolContext`. A ``str`` goes to the model as is; any other JSON
+            value is sent as JSON text. A plain function runs in a worker thread (it
+            cannot be interrupted there: on cancellation or timeout Runlet stops
+            waiting for it, but the thread finishes on its own).
         requires_approval: ``True`` to stop the run for a person to approve or reject
             every call before the handler runs; or an :data:`ApprovalPolicy`,
             ``(arguments, context) -> bool`` (sync or async), to decide per call (for
@@ -314,7 +316,7 @@ class ToolSpec:
             return prompt
         if prompt is not None:
             try:
-                text = prompt(arguments)
+                text = prompt(own_copy(arguments))
             except Exception:  # noqa: BLE001 - a broken prompt must not lose the run
                 text = None
             if isinstance(text, str):
@@ -323,7 +325,7 @@ class ToolSpec:
 
     async def _needs_approval(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
         """Ask the policy; raises ConfigurationError for an answer that is not a bool."""
-        answer = self._gate(arguments, context)  # type: ignore[operator]
+        answer = self._gate(own_copy(arguments), context)  # type: ignore[operator]
         if inspect.isawaitable(answer):
             answer = await answer
         if type(answer) is not bool:
@@ -364,6 +366,7 @@ class ToolSpec:
 
         Returns ``(content, is_error)``. Cancellation from outside propagates.
         """
+        arguments = own_copy(arguments)  # the handler's own: the call's stay as they were
         try:
             if self.timeout is None:
                 # Awaiting an async handler directly saves a coroutine per call.

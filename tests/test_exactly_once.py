@@ -2585,3 +2585,71 @@ async def test_an_answer_decided_at_an_earlier_checkpoint_says_by_whom_and_where
     with pytest.raises(HumanResponseConflictError, match=expected.split(" It is")[0] + "$"):
         await rt.resume(agent, checkpoint_id=cp(r2), response=answer)
     assert ["a"] == list(payments.paid.values())
+
+
+# -- a handler that changes its arguments in place ----------------------------------------
+
+ITEMS_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"items": {"type": "array"}}}
+
+
+async def _ship_and_scribble(arguments: dict[str, Any], context: ToolContext) -> str:
+    """A handler that treats its arguments as its own: it sorts, appends and adds."""
+    arguments["items"].sort()
+    arguments["items"].append("added by the handler")
+    arguments["note"] = "scribbled"
+    return "shipped"
+
+
+@pytest.mark.parametrize("edited", [None, {"items": ["y", "x"]}])
+async def test_a_handler_that_changes_its_arguments_changes_no_record(
+    edited: dict[str, Any] | None,
+) -> None:
+    """The handler gets its own copy: the model's call, the person's decision (as given
+    and as stored) and the edit the caller passed all stay as they were, so repeating
+    the same answer returns the stored result instead of a conflict."""
+    ship = ToolSpec("ship", "Ship items.", ITEMS_SCHEMA, _ship_and_scribble, requires_approval=True)
+    script = [call("ship", {"items": ["b", "a"]}, id="c1"), "Shipped."]
+    agent = Agent("shop", "Ship.", ScriptedModel(script), [ship])
+    store = InMemoryCheckpointStore()
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "Ship b and a.")
+    assert first.interruption is not None
+    assert first.checkpoint_id is not None
+    answer = HumanResponse(first.interruption.id, "approve", edited_arguments=edited)
+    done = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+
+    approved = {"items": ["y", "x"]} if edited else {"items": ["b", "a"]}
+    assert dict(done.decisions[0].arguments or {}) == approved
+    assert [dict(d.arguments or {}) for d in await store.decisions(done.run_id)] == [approved]
+    assert dict(done.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}
+    assert edited is None or edited == {"items": ["y", "x"]}
+    as_sent = None if edited is None else json.loads(json.dumps(edited))  # a client's retry
+    again = HumanResponse(first.interruption.id, "approve", edited_arguments=as_sent)
+    repeat = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=again)
+    assert repeat == done
+
+
+async def test_a_handler_or_policy_that_changes_its_arguments_leaves_the_call_alone() -> None:
+    """Outside approvals too: what the next model request shows is the call the model
+    made, whatever the policy and the handler did to their copies."""
+    seen: list[dict[str, Any]] = []
+
+    def policy(arguments: dict[str, Any], context: ToolContext) -> bool:
+        arguments["items"].clear()
+        return False
+
+    ship = ToolSpec(
+        "ship", "Ship items.", ITEMS_SCHEMA, _ship_and_scribble, requires_approval=policy
+    )
+
+    def answer(request: runlet.ModelRequest) -> Any:
+        if len(request.messages) == 1:
+            return call("ship", {"items": ["b", "a"]}, id="c1")
+        seen.append(dict(request.messages[1].tool_calls[0].arguments))
+        return "Shipped."
+
+    agent = Agent("shop", "Ship.", ScriptedModel(answer), [ship])
+    result = await Runtime().run(agent, "Ship b and a.")
+    assert result.output == "Shipped."
+    assert seen == [{"items": ["b", "a"]}]
+    assert dict(result.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}
