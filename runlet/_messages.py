@@ -57,6 +57,14 @@ def _check_text(_: object, attribute: attrs.Attribute[Any], value: object) -> No
     )
 
 
+def _check_calls_before(_: object, __: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise ConfigurationError(
+            f"ReasoningPart.calls_before must be an int of 0 or more (how many of the "
+            f"message's tool calls came before the part), not {value!r}."
+        )
+
+
 @attrs.frozen
 class ReasoningPart:
     """A piece of a model's reasoning (its "thinking") that came with an assistant
@@ -82,15 +90,22 @@ class ReasoningPart:
             thinking block) or ``"openai"`` (a Chat Completions ``reasoning_content``
             field) for the adapters Runlet ships; adapters of your own pick a name of
             their own. ``None`` when unknown: no shipped adapter sends such a part back.
+        calls_before: How many of the message's tool calls the model made before this
+            part: ``0`` (the usual case) when it came ahead of all of them. A model that
+            reasons between tool calls (Anthropic's interleaved thinking) gives later
+            parts a higher count, and an adapter that sends reasoning back puts each part
+            after that many calls, so the turn goes back in the order it came.
 
     Raises:
-        ConfigurationError: A field is not text.
+        ConfigurationError: A field is not text, or *calls_before* is not an int of 0 or
+            more.
     """
 
     text: str = attrs.field(default="", validator=_check_text)
     signature: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
     redacted_data: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
     provider: str | None = attrs.field(default=None, kw_only=True, validator=_check_text)
+    calls_before: int = attrs.field(default=0, kw_only=True, validator=_check_calls_before)
 
     @property
     def redacted(self) -> bool:

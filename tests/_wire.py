@@ -378,6 +378,7 @@ def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> lis
     answered = set()
     seen_other = False
     seen_answer = False
+    seen_call = False
     for block in blocks:
         kind = block.get("type")
         if "cache_control" in block:
@@ -385,8 +386,10 @@ def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> lis
                 problems.append("thinking blocks cannot carry cache_control")
             problems += _check_cache_control(f"{kind} block", block["cache_control"])
         if kind in _THINKING and role == "assistant":
-            if seen_answer:
-                problems.append("thinking blocks must come before text and tool_use blocks")
+            # Interleaved thinking (between tool calls) follows a tool_use block; thinking
+            # after the turn's text with no tool call between is out of place.
+            if seen_answer and not seen_call:
+                problems.append("thinking blocks must come before the text of their turn")
             if kind == "thinking" and not (
                 isinstance(block.get("thinking"), str)
                 and isinstance(block.get("signature"), str)
@@ -406,6 +409,7 @@ def _check_blocks(role: str, blocks: list[Any], previous_calls: set[str]) -> lis
                 problems.append("empty text block")
             seen_other = True
         elif kind == "tool_use" and role == "assistant":
+            seen_call = True
             if not isinstance(block.get("id"), str) or not isinstance(block.get("input"), dict):
                 problems.append(f"bad tool_use {block!r}")
         elif kind == "tool_result" and role == "user":

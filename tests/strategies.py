@@ -94,6 +94,7 @@ reasoning_parts = st.builds(
     signature=st.none() | texts,
     redacted_data=st.none() | texts,
     provider=st.none() | st.sampled_from(["anthropic", "openai"]) | texts,
+    calls_before=st.integers(min_value=0, max_value=3),
 )
 """Reasoning as any adapter might keep it."""
 

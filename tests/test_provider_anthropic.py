@@ -1055,3 +1055,97 @@ async def test_thinking_survives_approval_checkpoint_json_and_resume(
             {"type": "tool_result", "tool_use_id": "toolu_r7", "content": "Refunded order 123."}
         ],
     }
+
+
+# -- interleaved thinking ------------------------------------------------------------------
+
+INTERLEAVED = [
+    thinking_block("Look up A first.", "sig-one"),
+    {"type": "text", "text": "Looking them up."},
+    {"type": "tool_use", "id": "toolu_A", "name": "weather", "input": {"city": "Oslo"}},
+    thinking_block("Now B.", "sig-two"),
+    redacted_block("E2=="),
+    {"type": "tool_use", "id": "toolu_B", "name": "weather", "input": {"city": "Bergen"}},
+]
+"""A Claude 4 turn with interleaved thinking: reasoning between its tool calls."""
+
+
+class TestInterleavedThinking:
+    """Thinking that came between tool calls goes back between them: the API wants the
+    turn echoed as it came."""
+
+    def interleaved_message(self) -> Message:
+        return Message.assistant(
+            "Looking them up.",
+            [
+                ToolCall("toolu_A", "weather", {"city": "Oslo"}),
+                ToolCall("toolu_B", "weather", {"city": "Bergen"}),
+            ],
+            reasoning=[
+                ReasoningPart("Look up A first.", signature="sig-one", provider="anthropic"),
+                ReasoningPart("Now B.", signature="sig-two", provider="anthropic", calls_before=1),
+                ReasoningPart(redacted_data="E2==", provider="anthropic", calls_before=1),
+            ],
+        )
+
+    async def test_an_answer_notes_where_each_part_came(self, server: ModelServer) -> None:
+        answer = {**anthropic_message(), "content": INTERLEAVED, "stop_reason": "tool_use"}
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,), thinking=THINKING))
+        assert response.message == self.interleaved_message()
+
+    async def test_a_stream_notes_where_each_part_came(self, server: ModelServer) -> None:
+        start = anthropic_message(usage=(21, 1))
+        events = [anthropic_event({"type": "message_start", "message": {**start, "content": []}})]
+        for index, block in enumerate(INTERLEAVED):
+            if block["type"] == "tool_use":
+                block = {**block, "input": {}}
+                events.append(
+                    anthropic_event(
+                        {"type": "content_block_start", "index": index, "content_block": block}
+                    )
+                )
+                delta = {
+                    "type": "input_json_delta",
+                    "partial_json": json.dumps(INTERLEAVED[index]["input"]),
+                }
+                events.append(
+                    anthropic_event({"type": "content_block_delta", "index": index, "delta": delta})
+                )
+            else:
+                events.append(
+                    anthropic_event(
+                        {"type": "content_block_start", "index": index, "content_block": block}
+                    )
+                )
+            events.append(anthropic_event({"type": "content_block_stop", "index": index}))
+        events.append(anthropic_event({"type": "message_stop"}))
+        server.reply(Reply(events=tuple(events)))
+        async with make(server) as model:
+            *_, final = await collect(model, ask(tools=(WEATHER,), thinking=THINKING))
+        assert final.message == self.interleaved_message()
+
+    async def test_sent_back_in_the_order_it_came(self, server: ModelServer) -> None:
+        server.reply(Reply(json=anthropic_message("Sunny in both.")))
+        transcript = (
+            Message.user("Weather in Oslo and Bergen?"),
+            self.interleaved_message(),
+            Message.tool(ToolResult("toolu_A", "Sunny")),
+            Message.tool(ToolResult("toolu_B", "Sunny")),
+        )
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {"thinking": THINKING}))
+        assert server.bodies[0]["messages"][1] == {"role": "assistant", "content": INTERLEAVED}
+
+    def test_a_count_past_the_calls_puts_the_part_last(self) -> None:
+        from runlet.providers.anthropic import _blocks
+
+        late = ReasoningPart("After all.", signature="s", provider="anthropic", calls_before=7)
+        message = Message.assistant("", [ToolCall("t1", "weather", {})], reasoning=[late])
+        assert [block["type"] for block in _blocks(message)] == ["tool_use", "thinking"]
+
+    @pytest.mark.parametrize("count", [-1, 1.0, "1", None, True])
+    def test_calls_before_must_be_a_count(self, count: Any) -> None:
+        with pytest.raises(ConfigurationError, match="calls_before"):
+            ReasoningPart("x", calls_before=count)

@@ -107,8 +107,10 @@ class AnthropicModel(HTTPModel):
     and ``redacted_thinking`` blocks become the message's
     :attr:`~runlet.Message.reasoning` (with :attr:`~runlet.ReasoningPart.provider`
     ``"anthropic"``), stream as :class:`~runlet.ReasoningDelta`, and go back to the API
-    unchanged, signature included, ahead of the message's text and tool calls, as the
-    API requires when thinking is combined with tool use. Reasoning from other
+    unchanged, signature included, in the order they came: ahead of the message's text
+    and tool calls, or, with interleaved thinking, between the tool calls they came
+    between (:attr:`~runlet.ReasoningPart.calls_before`), as the API requires when
+    thinking is combined with tool use. Reasoning from other
     providers is left out of requests.
 
     Args:
@@ -267,9 +269,10 @@ class AnthropicModel(HTTPModel):
                     call_id = call_text(block.get("id"), "id", _API)
                     calls.append(ToolCall(call_id, name, _input(block.get("input"), name)))
                 elif kind == "thinking":
-                    reasoning.append(_thinking(block["thinking"], block.get("signature")))
+                    signature = block.get("signature")
+                    reasoning.append(_thinking(block["thinking"], signature, len(calls)))
                 elif kind == "redacted_thinking":
-                    reasoning.append(_redacted(block["data"]))
+                    reasoning.append(_redacted(block["data"], len(calls)))
             message = Message.assistant("".join(texts), calls, reasoning=reasoning)
             return ModelResponse(message, _usage(data.get("usage"), Usage(requests=1)))
 
@@ -322,21 +325,24 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         if result.is_error:
             block["is_error"] = True
         return [block]
-    # Thinking goes first, exactly as it came: the API checks the signatures, and wants
-    # the thinking that led to a tool call ahead of that call.
-    blocks: list[dict[str, Any]] = []
+    # Thinking goes back exactly as it came and where it came: the API checks the
+    # signatures, and wants the thinking that led to a tool call ahead of that call. So
+    # thinking that came after some of the calls (interleaved thinking) follows them.
+    thinking: list[list[dict[str, Any]]] = [[] for _ in range(len(message.tool_calls) + 1)]
     for part in message.reasoning:
-        thinking = _reasoning_block(part)
-        if thinking is not None:
-            blocks.append(thinking)
+        block = _reasoning_block(part)
+        if block is not None:
+            thinking[min(part.calls_before, len(message.tool_calls))].append(block)
+    blocks = thinking[0]
     if message.content and not message.content.isspace():
         # The API refuses text blocks with nothing but whitespace, which a model's own
         # turn may hold beside its tool calls (say "\n\n").
         blocks.append({"type": "text", "text": message.content})
-    blocks.extend(
-        {"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)}
-        for call in message.tool_calls
-    )
+    for call, after in zip(message.tool_calls, thinking[1:], strict=True):
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)}
+        )
+        blocks.extend(after)
     return blocks
 
 
@@ -363,18 +369,23 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 # -- answers ------------------------------------------------------------------------------
 
 
-def _thinking(text: str, signature: Any) -> ReasoningPart:
+def _thinking(text: str, signature: Any, calls_before: int) -> ReasoningPart:
     if not isinstance(text, str):
         raise TypeError(f"thinking is a {type(text).__name__}, not a string")
     # Without a signature the API would refuse the block, so it is never sent back.
     signed = isinstance(signature, str) and signature
-    return ReasoningPart(text, signature=signature if signed else None, provider=PROVIDER)
+    return ReasoningPart(
+        text,
+        signature=signature if signed else None,
+        provider=PROVIDER,
+        calls_before=calls_before,
+    )
 
 
-def _redacted(data: str) -> ReasoningPart:
+def _redacted(data: str, calls_before: int) -> ReasoningPart:
     if not isinstance(data, str):
         raise TypeError(f"redacted_thinking data is a {type(data).__name__}, not a string")
-    return ReasoningPart(redacted_data=data, provider=PROVIDER)
+    return ReasoningPart(redacted_data=data, provider=PROVIDER, calls_before=calls_before)
 
 
 def _reported_error(data: Mapping[str, Any]) -> ModelAPIError:
@@ -447,10 +458,10 @@ class _PartialThinking:
     signature: list[str] = attrs.Factory(list)
     redacted_data: str | None = None
 
-    def part(self) -> ReasoningPart:
+    def part(self, calls_before: int) -> ReasoningPart:
         if self.redacted_data is not None:
-            return _redacted(self.redacted_data)
-        return _thinking("".join(self.text), "".join(self.signature))
+            return _redacted(self.redacted_data, calls_before)
+        return _thinking("".join(self.text), "".join(self.signature), calls_before)
 
 
 class _Stream:
@@ -544,7 +555,11 @@ class _Stream:
                 parse_arguments(text, call.name, _API) if text else _input(call.start, call.name)
             )
             calls.append(ToolCall(call.id, call.name, arguments))
-        # Blocks arrive in index order, which is the order the API wants them back in.
-        reasoning = [self._thinking[index].part() for index in sorted(self._thinking)]
+        # Blocks arrive in index order, which is the order the API wants them back in;
+        # each thinking block notes how many tool calls came before it.
+        reasoning = [
+            self._thinking[index].part(sum(1 for start in self._calls if start < index))
+            for index in sorted(self._thinking)
+        ]
         message = Message.assistant("".join(self._text), calls, reasoning=reasoning)
         return ModelResponse(message, self._usage)
