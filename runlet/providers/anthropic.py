@@ -330,9 +330,9 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     # thinking that came after some of the calls (interleaved thinking) follows them.
     thinking: list[list[dict[str, Any]]] = [[] for _ in range(len(message.tool_calls) + 1)]
     for part in message.reasoning:
-        block = _reasoning_block(part)
-        if block is not None:
-            thinking[min(part.calls_before, len(message.tool_calls))].append(block)
+        sent = _reasoning_block(part)
+        if sent is not None:
+            thinking[min(part.calls_before, len(message.tool_calls))].append(sent)
     blocks = thinking[0]
     if message.content and not message.content.isspace():
         # The API refuses text blocks with nothing but whitespace, which a model's own
