@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -35,7 +35,31 @@ def is_async_method(obj: object, name: str) -> bool:
 
 
 def _tools_tuple(tools: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
-    return tools if type(tools) is tuple else tuple(tools)
+    if type(tools) is tuple:
+        return tools
+    given: object = tools  # typed, but a user's: checked as anything
+    if isinstance(given, (ToolSpec, str)) or not isinstance(given, Iterable):
+        raise ConfigurationError(
+            f"Agent tools must be a list of ToolSpec objects, not {type(given).__name__}; "
+            "write tools=[tool] for one tool, or leave it out for none."
+        )
+    return tuple(tools)
+
+
+def _check_name(_: object, __: attrs.Attribute[str], name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(
+            f"An agent's name must be a non-empty str, not {name!r}: checkpoints record "
+            "it, and a resume must be given an agent with the same name."
+        )
+
+
+def _check_instructions(_: object, __: attrs.Attribute[str], instructions: object) -> None:
+    if not isinstance(instructions, str):
+        raise ConfigurationError(
+            f"An agent's instructions must be a str (the system prompt; '' for none), "
+            f"not {type(instructions).__name__}."
+        )
 
 
 @attrs.frozen
@@ -52,12 +76,13 @@ class Agent:
         tools: The tools the model may call.
 
     Raises:
-        ConfigurationError: *model* has no async ``complete`` method, two tools share a
-            name, or a tool is not a ToolSpec.
+        ConfigurationError: *name* is not a non-empty str, *instructions* not a str,
+            *model* has no async ``complete`` method, *tools* is not a list of
+            ToolSpec objects, or two tools share a name.
     """
 
-    name: str
-    instructions: str
+    name: str = attrs.field(validator=_check_name)
+    instructions: str = attrs.field(validator=_check_instructions)
     model: Model = attrs.field(validator=_check_model)
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_tools_tuple)
     _by_name: dict[str, ToolSpec] = attrs.field(init=False, repr=False, eq=False)

@@ -4,7 +4,7 @@ loop and the resume bookkeeping."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, overload
@@ -14,7 +14,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._agent import Agent, is_async_method
-from ._checkpoint import _new_message
+from ._checkpoint import _check_json, _new_message
 from ._errors import (
     CheckpointStoreRequiredError,
     ConfigurationError,
@@ -69,11 +69,12 @@ class Runtime:
 
     Raises:
         ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
-            ``delete`` method, *max_turns* is not a positive integer, or *clock* is not
-            callable.
+            ``delete`` method, *max_turns* is not a positive integer, *clock* is not
+            callable, *tracer_provider* has no ``get_tracer``, or *trace_content* is not
+            a bool or None.
     """
 
-    __slots__ = ("_durable", "_loop")
+    __slots__ = ("_durable", "_json_only", "_loop")
 
     def __init__(
         self,
@@ -90,6 +91,17 @@ class Runtime:
             raise ConfigurationError(
                 f"clock must be a function returning an aware UTC datetime, not {clock!r}."
             )
+        if tracer_provider is not None and not callable(
+            getattr(tracer_provider, "get_tracer", None)
+        ):
+            raise ConfigurationError(
+                "tracer_provider must be an OpenTelemetry TracerProvider (an object with "
+                f"get_tracer()), not {tracer_provider!r}; leave it out to use the global one."
+            )
+        if trace_content is not None and type(trace_content) is not bool:
+            raise ConfigurationError(
+                f"trace_content must be True, False or None, not {trace_content!r}."
+            )
         if checkpoint_store is not None and not all(
             is_async_method(checkpoint_store, name) for name in ("save", "load", "delete")
         ):
@@ -99,6 +111,9 @@ class Runtime:
                 "InMemoryCheckpointStore() or a store of your own."
             )
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
+        # A store that keeps checkpoints as JSON (Runlet's SQL stores say so) gets a run's
+        # options and metadata checked when the run starts.
+        self._json_only = getattr(checkpoint_store, "_keeps_json", False) is True
         self._loop = Loop(checkpoint_store, max_turns, utc_now if clock is None else _aware(clock))
         self._loop.tracing = Tracing(tracer_provider, trace_content)
 
@@ -133,20 +148,23 @@ class Runtime:
             options: Passed to the model adapter with every request (e.g. temperature).
             metadata: Your own data for the run (user ids, tenant, ...); tools see it as
                 ``context.metadata``. Keep it JSON-compatible if checkpoints must be
-                stored as JSON.
+                stored as JSON: with Runlet's SQLite and PostgreSQL stores, a value JSON
+                cannot hold (in it or in *options*) is refused before the run starts.
 
         Returns:
             A completed result, or an interrupted one with the request and the id of the
             checkpoint to resume.
 
         Raises:
-            ConfigurationError: *agent* is not an :class:`~runlet.Agent`.
-            RunletError: *input* is neither a ``str`` nor a sequence of ``Message``.
+            ConfigurationError: *agent* is not an :class:`~runlet.Agent`, *input* is not
+                a ``str`` or a sequence, or *options* or *metadata* is not a mapping.
+            RunletError: *input* holds something other than ``Message`` objects.
             ModelError: The model adapter failed.
             MaxTurnsExceededError: The run made too many model requests.
             CheckpointStoreRequiredError: A call needs a person and there is no store.
-            CheckpointSerializationError: The store could not save the checkpoint (when
-                it writes JSON, for instance); other errors from the store propagate.
+            CheckpointSerializationError: *options* or *metadata* holds a value JSON
+                cannot hold and the store keeps JSON (before anything runs), or the store
+                could not save the checkpoint; other errors from the store propagate.
         """
         run = self._start(agent, input, options, metadata, None)
         span = run_span(self._loop.tracing, run)
@@ -366,6 +384,12 @@ class Runtime:
             # A user message with nothing for Message's own checks to fix or refuse.
             messages: tuple[Message, ...] = (_new_message("user", input, (), None, ()),)
         else:
+            given: object = input  # typed, but a user's: checked as anything
+            if not isinstance(given, Iterable) or isinstance(given, (bytes, bytearray)):
+                raise ConfigurationError(
+                    "input must be a str or a sequence of Message objects, not "
+                    f"{type(given).__name__}. Pass the user's text, or [Message.user(...)]."
+                )
             messages = tuple(input)
             for message in messages:
                 if not isinstance(message, Message):
@@ -373,6 +397,8 @@ class Runtime:
                         "input must be a str or a sequence of Message objects; found a "
                         f"{type(message).__name__}. Build messages with Message.user(...)."
                     )
+        if options is not None or metadata is not None:
+            _check_run_data(options, metadata, self._json_only)
         return RunState(
             agent=agent,
             run_id=new_id("run"),
@@ -388,6 +414,21 @@ class Runtime:
             turns=0,
             emit=emit,
         )
+
+
+def _check_run_data(
+    options: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None, json_only: bool
+) -> None:
+    """Refuse options or metadata that are not mappings; with *json_only* (a store that
+    keeps checkpoints as JSON), also values JSON cannot hold, now, before a tool runs,
+    rather than when the first checkpoint is saved."""
+    for name, value in (("options", options), ("metadata", metadata)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigurationError(
+                f"{name} must be a dict (or None), not {type(value).__name__}."
+            )
+        if value and json_only:
+            _check_json(value, name)
 
 
 # The options of a run given none: read-only, so one empty view serves every such run.

@@ -25,6 +25,7 @@ from runlet import (
     Agent,
     Checkpoint,
     CheckpointSerializationError,
+    ConfigurationError,
     HumanResponse,
     InMemoryCheckpointStore,
     Interrupted,
@@ -811,3 +812,87 @@ async def test_metadata_keeps_its_own_kinds_of_values_and_may_hold_itself() -> N
     assert "completed" == result.status
     assert [True] == [each is seen for each in counted]  # the caller's own Counter
     assert 1 == seen["calls"]
+
+
+# -- bad arguments to run(), Agent and Runtime: clear errors, nothing run -----------------
+
+
+class TestBadArgumentsAreRefusedClearly:
+    @pytest.mark.parametrize("given", [None, 5, b"hi"])
+    async def test_run_input_that_is_neither_text_nor_messages(self, given: Any) -> None:
+        agent = refund_agent(ScriptedModel(["never asked"]))
+        with pytest.raises(ConfigurationError, match="input must be a str or a sequence"):
+            await Runtime().run(agent, given)
+
+    async def test_run_input_may_be_any_iterable_of_messages(self) -> None:
+        agent = refund_agent(ScriptedModel(["Hello."]))
+        result = await Runtime().run(agent, (m for m in [Message.user("Hi.")]))
+        assert result.output == "Hello."
+
+    @pytest.mark.parametrize("field", ["options", "metadata"])
+    @pytest.mark.parametrize("given", [[1], "x", 5])
+    async def test_run_options_or_metadata_that_are_not_a_mapping(
+        self, field: str, given: Any
+    ) -> None:
+        agent = refund_agent(ScriptedModel(["never asked"]))
+        with pytest.raises(ConfigurationError, match=f"{field} must be a dict"):
+            await Runtime().run(agent, "Hi.", **{field: given})
+
+    async def test_non_json_metadata_is_refused_before_a_tool_runs_with_a_sql_store(
+        self, tmp_path: Any
+    ) -> None:
+        from runlet.stores.sqlite import SQLiteCheckpointStore
+
+        charged: list[str] = []
+
+        async def charge(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            charged.append(context.tool_call_id)
+            return "charged"
+
+        tools = (ToolSpec("charge", "Charge.", {"type": "object"}, charge), REFUND)
+        model = ScriptedModel([[call("charge"), call("refund", order="1")], "done"])
+        agent = Agent("support", "Charge, then refund.", model, tools)
+        when = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+        async with SQLiteCheckpointStore(tmp_path / "store.db") as store:
+            runtime = Runtime(checkpoint_store=store)
+            with pytest.raises(CheckpointSerializationError, match=r"metadata\['when'\]"):
+                await runtime.run(agent, "Go.", metadata={"when": when})
+            with pytest.raises(CheckpointSerializationError, match=r"options\['stop'\]"):
+                await runtime.run(agent, "Go.", options={"stop": {1, 2}})
+            assert charged == []
+            assert list(await store.list_pending()) == []
+
+    async def test_non_json_metadata_stays_allowed_in_memory(self) -> None:
+        when = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        result = await runtime.run(
+            refund_agent(ScriptedModel(["Hello."])), "Hi.", metadata={"when": when}
+        )
+        assert result.output == "Hello."
+
+    @pytest.mark.parametrize("name", [None, "", 5])
+    def test_agent_name_must_be_non_empty_text(self, name: Any) -> None:
+        with pytest.raises(ConfigurationError, match="name must be a non-empty str"):
+            Agent(name, "x", ScriptedModel(["ok"]))
+
+    def test_agent_instructions_must_be_text(self) -> None:
+        with pytest.raises(ConfigurationError, match="instructions must be a str"):
+            Agent("a", None, ScriptedModel(["ok"]))  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("tools", [None, REFUND, "refund", 5])
+    def test_agent_tools_must_be_a_list_of_tools(self, tools: Any) -> None:
+        with pytest.raises(ConfigurationError, match="tools must be a list of ToolSpec"):
+            Agent("a", "x", ScriptedModel(["ok"]), tools)
+
+    @pytest.mark.parametrize(
+        ("keyword", "value", "words"),
+        [
+            ("tracer_provider", 5, "tracer_provider must be"),
+            ("tracer_provider", object(), "tracer_provider must be"),
+            ("trace_content", "yes", "trace_content must be"),
+            ("trace_content", 1, "trace_content must be"),
+        ],
+    )
+    def test_runtime_tracing_settings(self, keyword: str, value: Any, words: str) -> None:
+        with pytest.raises(ConfigurationError, match=words):
+            Runtime(**{keyword: value})

@@ -367,3 +367,23 @@ def test_other_errors_while_switching_to_wal_are_not_retried() -> None:
     with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
         store._use_wal(conn)  # type: ignore[arg-type]
     assert 1 == len(conn.calls)
+
+
+@pytest.mark.parametrize("path", [None, 5])
+def test_a_path_that_is_not_a_path_is_refused(path: Any) -> None:
+    with pytest.raises(ConfigurationError, match="path must be the database file's path"):
+        SQLiteCheckpointStore(path)
+
+
+async def test_a_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all, just some bytes" * 100)
+    for where, words in [
+        (tmp_path / "missing" / "store.db", "unable to open"),
+        (tmp_path, "unable to open"),
+        (junk, "not a database"),
+    ]:
+        with pytest.raises(ConfigurationError, match=words) as caught:
+            async with SQLiteCheckpointStore(where):
+                pass
+        assert str(where) in str(caught.value)

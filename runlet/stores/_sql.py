@@ -119,6 +119,9 @@ class SQLStore:
     _name: str
     # Whether the database's text columns can hold U+0000 (PostgreSQL's cannot).
     _text_holds_nul = True
+    # Checkpoints are kept as JSON: a Runtime refuses a run's non-JSON options and
+    # metadata when the run starts, before any tool runs.
+    _keeps_json = True
 
     def __init__(
         self, *, lease: float | None, connections: int, argument: str = "connections"

@@ -282,7 +282,8 @@ class SQLiteCheckpointStore(SQLStore):
 
     Raises:
         ~runlet.ConfigurationError: An argument is out of range, or Python's SQLite is older
-            than 3.35.
+            than 3.35; on entering, the file cannot be opened (its directory is missing,
+            or it is not a SQLite database).
         ~runlet.StoreSchemaError: On entering, the file holds tables of an unknown schema.
     """
 
@@ -306,6 +307,10 @@ class SQLiteCheckpointStore(SQLStore):
             raise ConfigurationError(
                 f"busy_timeout must be a non-negative number of seconds, not {busy_timeout!r}."
             )
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigurationError(
+                f"path must be the database file's path (a str or a Path), not {path!r}."
+            )
         self._path = os.fspath(path)
         memory = self._path in ("", ":memory:")
         super().__init__(lease=lease, connections=1 if memory else connections)
@@ -323,7 +328,17 @@ class SQLiteCheckpointStore(SQLStore):
         return self._path
 
     def _connect(self) -> None:
-        self._give(self._new())
+        try:
+            conn = self._new()
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc):  # another process held the file past busy_timeout
+                raise
+            raise ConfigurationError(
+                f"Could not open the SQLite database {self._path!r}: {exc}. Check that its "
+                "directory exists and is writable, and that the file (if any) is a SQLite "
+                "database."
+            ) from exc
+        self._give(conn)
 
     def _new(self) -> sqlite3.Connection:
         # isolation_level=None: the store issues BEGIN / COMMIT itself. The connection
