@@ -148,10 +148,11 @@ class HumanResponse:
     (:class:`Decision`) and never sent to the model.
 
     Raises:
-        HumanResponseError: The action is unknown, ``select``/``submit`` has no string
-            value, ``approve`` carries a value, ``reject``'s reason is not a string, or
-            ``edited_arguments`` is not a mapping or comes with an action other than
-            ``approve``, or ``responded_by``/``metadata`` have the wrong type.
+        HumanResponseError: *request_id* is not a non-empty string, the action is
+            unknown, ``select``/``submit`` has no string value, ``approve`` carries a
+            value, ``reject``'s reason is not a string, ``edited_arguments`` is not a
+            mapping or comes with an action other than ``approve``, or
+            ``responded_by``/``metadata`` have the wrong type.
     """
 
     request_id: str
@@ -162,6 +163,12 @@ class HumanResponse:
     metadata: Mapping[str, Any] | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
+        request_id = self.request_id
+        if type(request_id) is not str or not request_id:
+            raise HumanResponseError(
+                "HumanResponse request_id must be the id of the request it answers (a "
+                f"non-empty str, e.g. result.interruption.id), not {request_id!r}."
+            )
         if self.action in ("select", "submit"):
             if not isinstance(self.value, str):
                 raise HumanResponseError(

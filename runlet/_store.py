@@ -360,6 +360,16 @@ def check_limit(limit: object) -> None:
         raise ConfigurationError(f"list_pending(limit=...) must be a positive int, not {limit!r}.")
 
 
+def check_agent_filter(agent_name: object) -> None:
+    """Refuse a ``list_pending`` agent name that is not a str (or None): it would match
+    nothing, silently."""
+    if agent_name is not None and type(agent_name) is not str:
+        raise ConfigurationError(
+            f"list_pending(agent_name=...) must be an agent's name (a str) or None, not "
+            f"{agent_name!r}."
+        )
+
+
 def check_metadata_filter(metadata: object) -> None:
     """Refuse a ``list_pending`` metadata filter that is not a mapping (a key that no
     metadata can hold, such as ``1``, is allowed: it matches nothing)."""
@@ -586,6 +596,7 @@ class InMemoryCheckpointStore:
         """Checkpoints waiting for an answer, oldest first (see
         :meth:`DurableCheckpointStore.list_pending`)."""
         check_limit(limit)
+        check_agent_filter(agent_name)
         check_metadata_filter(metadata)
         start = -1 if after is None else self._entry(after).seq
         found: list[PendingRequest] = []

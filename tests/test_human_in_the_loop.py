@@ -935,3 +935,9 @@ async def test_the_ask_human_handler_is_never_meant_to_run() -> None:
     context = ToolContext("run_1", "call_1", "planner", {}, "ask_human")
     with pytest.raises(runlet.RunletError, match="answered by the runtime"):
         await ask_human().handler({"kind": "input", "prompt": "?"}, context)
+
+
+@pytest.mark.parametrize("request_id", ["", None, 5])
+def test_human_response_needs_the_id_of_a_request(request_id: Any) -> None:
+    with pytest.raises(runlet.HumanResponseError, match="request_id must be the id"):
+        HumanResponse(request_id, "approve")

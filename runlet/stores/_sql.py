@@ -48,6 +48,7 @@ from .._store import (
     StoredCheckpoint,
     cancel_claimed_error,
     cancelled_error,
+    check_agent_filter,
     check_lease,
     check_limit,
     check_metadata_filter,
@@ -495,6 +496,7 @@ class SQLStore:
             ~runlet.ConfigurationError: *limit* is not a positive int.
         """
         check_limit(limit)
+        check_agent_filter(agent_name)
         check_metadata_filter(metadata)
         if after is not None and self._unstorable(after):
             raise not_found(after)

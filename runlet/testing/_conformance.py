@@ -853,6 +853,9 @@ def store_conformance_tests(
                     await store.list_pending(limit=limit)  # type: ignore[arg-type]
             with pytest.raises(ConfigurationError):
                 await store.list_pending(metadata=[("tenant", "acme")])  # type: ignore[arg-type]
+            for agent_name in (5, b"support", ["support"]):
+                with pytest.raises(ConfigurationError):
+                    await store.list_pending(agent_name=agent_name)  # type: ignore[arg-type]
 
         async def test_paging_goes_on_after_a_listed_checkpoint_was_resolved(
             self, store: DurableCheckpointStore
