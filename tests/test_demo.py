@@ -258,7 +258,8 @@ def test_a_store_file_that_cannot_be_opened_says_so_in_one_line(
 ) -> None:
     assert main(["--yes", "--store", str(tmp_path / "no" / "such" / "dir.db")]) == 1
     shown = capsys.readouterr().err
-    assert "The demo stopped: OperationalError" in shown
+    assert "The demo stopped: ConfigurationError: Could not open the SQLite database" in shown
+    assert "dir.db" in shown
     assert "Traceback" not in shown
 
 

@@ -359,6 +359,14 @@ class TestErrorsAndRetries:
         assert (info.value.status_code, info.value.body) == (400, "Unknown model 'x'.")
         assert len(server.requests) == 1
 
+    async def test_an_error_names_the_request_id_the_api_gave(self, server: ModelServer) -> None:
+        error = {"error": {"message": "Unknown model 'x'.", "type": "invalid_request_error"}}
+        server.reply(Reply(400, error, headers={"x-request-id": "req_8d2c6f0e1a"}))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=r"\(request id req_8d2c6f0e1a\)") as info:
+                await model.complete(ask())
+        assert info.value.request_id == "req_8d2c6f0e1a"
+
     @pytest.mark.parametrize(
         ("status", "body", "message", "hint"),
         [
