@@ -136,8 +136,8 @@ async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
     if ask is None:
         print("  -> approved (answered by the demo: --yes, or no terminal to ask in)")
         return HumanResponse(request.id, "approve")
-    while True:  # only a clear yes approves: anything else is asked again
-        answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower() or "a"
+    while True:  # only a clear yes approves: anything else (Enter too) is asked again
+        answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower()
         if answer in ("a", "approve", "y", "yes", "r", "reject", "e", "edit"):
             break
         print("  Type a (approve), r (reject) or e (edit).")

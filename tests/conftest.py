@@ -9,6 +9,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# No per-example time limit: on a busy CI machine one example of a property test can take
+# longer than Hypothesis's default 200 ms, and a test here never fails for being slow
+# (speed is measured in benchmarks/, against a baseline in the same run).
+settings.register_profile("runlet", deadline=None)
+settings.load_profile("runlet")
 
 _BACKENDS = ("asyncio", "trio")
 _selected = os.environ.get("RUNLET_TEST_BACKEND")

@@ -72,7 +72,7 @@ class TestDemo:
     async def test_a_choice_that_is_not_an_offered_number_is_asked_again(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        output = await demo(ScriptedModel(scripted_support), answers("card", "0", "3", "2", ""))
+        output = await demo(ScriptedModel(scripted_support), answers("card", "0", "3", "2", "a"))
         assert output == "Done: order 123 refunded as credit."
         assert 3 == capsys.readouterr().out.count("Type a number from 1 to 2.")
 
@@ -97,9 +97,12 @@ class TestDemo:
         output = await demo(ScriptedModel(scripted_support), answers("1", "r"))
         assert output == "Understood: I did not issue the refund."
 
-    async def test_pressing_enter_picks_the_first_option_and_approves(self) -> None:
-        output = await demo(ScriptedModel(scripted_support), answers("", "  "))
+    async def test_pressing_enter_picks_the_first_option_but_never_approves(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        output = await demo(ScriptedModel(scripted_support), answers("", "  ", "", "a"))
         assert output == "Done: order 123 refunded as card."
+        assert capsys.readouterr().out.count("Type a (approve), r (reject) or e (edit).") == 2
 
     async def test_answers_are_read_whatever_their_case(self) -> None:
         output = await demo(ScriptedModel(scripted_support), answers("1", " R "))

@@ -430,6 +430,22 @@ async def test_pending_requests_come_in_pages(
     assert rest["next"] is None
     bad = await client.get(f"{server.url}/pending", params={"limit": 0})
     assert bad.status_code == 422
+    assert bad.json()["error"] == "InvalidRequest"
+
+
+@pytest.mark.parametrize("kind", ["fastapi", "trio"])
+async def test_a_request_refused_before_runlet_sees_it_has_the_error_shape(
+    serve: Start, client: httpx.AsyncClient, kind: str
+) -> None:
+    server = await serve(kind)
+    for body in (b"not json", b'{"metadata": {}}', b'{"input": 5}'):
+        refused = await client.post(
+            f"{server.url}/runs", content=body, headers={"content-type": "application/json"}
+        )
+        assert refused.status_code == 422
+        answer = refused.json()
+        assert (answer["type"], answer["error"]) == ("error", "InvalidRequest")
+        assert answer["detail"]
 
 
 def test_the_status_table_covers_every_error_people_can_cause() -> None:

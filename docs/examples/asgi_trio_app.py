@@ -48,9 +48,10 @@ SSE = [
 class HTTPError(Exception):
     """A request this application refuses before Runlet sees it."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, name: str = "InvalidRequest") -> None:
         super().__init__(detail)
         self.status = status
+        self.name = name
 
 
 class App:
@@ -69,7 +70,8 @@ class App:
             except RunletError as error:
                 await send_json(send, error_body(error), http_status(error))
             except HTTPError as error:
-                await send_json(send, {"type": "error", "detail": str(error)}, error.status)
+                body = {"type": "error", "error": error.name, "detail": str(error)}
+                await send_json(send, body, error.status)
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
@@ -83,7 +85,7 @@ class App:
     async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime, store = self.runtime, self.store
         if runtime is None or store is None:
-            raise HTTPError(503, "The server is starting or stopping; try again.")
+            raise HTTPError(503, "The server is starting or stopping; try again.", "Unavailable")
         query = {
             key: values[-1] for key, values in parse_qs(scope["query_string"].decode()).items()
         }
@@ -125,7 +127,7 @@ class App:
                 found = await store.decisions(run_id)
                 await send_json(send, {"decisions": [unstructure(d) for d in found]})
             case _:
-                raise HTTPError(404, f"No endpoint {scope['method']} {scope['path']}.")
+                raise HTTPError(404, f"No endpoint {scope['method']} {scope['path']}.", "NotFound")
 
 
 async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
@@ -187,7 +189,7 @@ async def read_json(receive: Receive) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except ValueError:
-        raise HTTPError(400, "The request body is not JSON.") from None
+        raise HTTPError(422, "The request body is not JSON.") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "The request body must be a JSON object.")
     return data

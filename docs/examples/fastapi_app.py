@@ -23,6 +23,7 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from refund_agent import (
@@ -70,6 +71,18 @@ async def runlet_error(request: Request, error: Exception) -> JSONResponse:
     """Every error Runlet raises on purpose becomes a status chosen by its class."""
     assert isinstance(error, RunletError)
     return JSONResponse(error_body(error), status_code=http_status(error))
+
+
+@app.exception_handler(RequestValidationError)
+async def invalid_request(request: Request, error: Exception) -> JSONResponse:
+    """A request refused before Runlet sees it, in the same shape as Runlet's errors."""
+    assert isinstance(error, RequestValidationError)
+    where = "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+        for problem in error.errors()
+    )
+    body = {"type": "error", "error": "InvalidRequest", "detail": where}
+    return JSONResponse(body, status_code=422)
 
 
 class StartRun(BaseModel):
