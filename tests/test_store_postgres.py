@@ -21,6 +21,7 @@ from runlet import (
     CheckpointClaimedError,
     CheckpointSerializationError,
     ConfigurationError,
+    HumanResponse,
     Runtime,
     StoreSchemaError,
     ToolSpec,
@@ -263,7 +264,7 @@ async def test_connect_kwargs_reach_the_connections() -> None:
 
 async def test_an_unreachable_server_fails_on_entering() -> None:
     conninfo = "host=127.0.0.1 port=1 user=nobody dbname=nothing connect_timeout=1"
-    with pytest.raises(psycopg_pool.PoolTimeout):
+    with pytest.raises(psycopg_pool.PoolTimeout, match="refused"):
         async with PostgresCheckpointStore(conninfo, timeout=0.5):
             pass  # pragma: no cover
 
@@ -281,6 +282,21 @@ async def test_an_unreachable_server_fails_on_entering() -> None:
 def test_arguments_are_checked(arguments: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         PostgresCheckpointStore("dbname=x", **arguments)
+
+
+@pytest.mark.parametrize("conninfo", ["this is not a conninfo", None, b"dbname=x"])
+def test_a_conninfo_that_is_not_one_is_refused_at_once(conninfo: Any) -> None:
+    with pytest.raises(ConfigurationError, match="conninfo"):
+        PostgresCheckpointStore(conninfo)
+
+
+async def test_a_server_that_refuses_the_connection_says_why() -> None:
+    # The pool only logs its failed attempts; entering raises the server's own reason.
+    conninfo = make_conninfo(await schema(), dbname="no_such_database")
+    with pytest.raises(psycopg_pool.PoolTimeout, match="no_such_database") as refused:
+        async with PostgresCheckpointStore(conninfo, timeout=0.5):
+            pass  # pragma: no cover
+    assert isinstance(refused.value.__cause__, psycopg.OperationalError)
 
 
 def test_a_bad_max_size_is_named_in_the_error() -> None:
@@ -324,6 +340,43 @@ async def test_after_the_server_drops_every_connection_only_one_call_fails() -> 
             await store.get("cp_1")
         assert "pending" == (await store.get("cp_1")).status
         assert "pending" == (await store.get("cp_1")).status
+
+
+def _pool_backend(store: PostgresCheckpointStore) -> int:
+    """The server process behind the one connection of *store*'s pool."""
+    assert store._pool is not None
+    with store._pool.connection() as conn:
+        return conn.info.backend_pid
+
+
+async def test_a_result_is_recorded_on_a_fresh_connection_when_the_old_one_died() -> None:
+    # A server restart or failover while an approved handler runs: the handler finished,
+    # but the connection its result would be written on is dead. The write is done once
+    # more on a fresh one, so the finished call is not sent back to a person as
+    # outcome unknown (and its side effect is not repeated when they approve again).
+    conninfo = await schema()
+    paid: list[str] = []
+    async with PostgresCheckpointStore(conninfo, min_size=1, max_size=1) as store:
+
+        async def pay(arguments: Any, context: Any) -> str:
+            pid = await anyio.to_thread.run_sync(_pool_backend, store)
+            await anyio.to_thread.run_sync(
+                execute, conninfo, f"SELECT pg_terminate_backend({pid}, 10000)"
+            )
+            paid.append(context.idempotency_key)
+            return "paid"
+
+        tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+        agent = Agent("payer", "Pay.", ScriptedModel([call("pay", id="c1"), "Paid."]), [tool])
+        runtime = Runtime(checkpoint_store=store)
+        first = await runtime.run(agent, "Pay.")
+        assert first.interruption is not None
+        assert first.checkpoint_id is not None
+        answer = HumanResponse(first.interruption.id, "approve")
+        done = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=answer)
+        assert done.output == "Paid."
+        assert len(paid) == 1
+        assert (await store.get(first.checkpoint_id)).status == "resolved"
 
 
 async def test_a_claim_whose_data_cannot_be_read_is_given_back() -> None:

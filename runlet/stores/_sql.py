@@ -234,6 +234,11 @@ class SQLStore:
                 expected=SCHEMA_VERSION,
             )
 
+    def _lost_connection(self, error: Exception) -> bool:
+        """Whether *error* says the connection died (the database may be back by now),
+        rather than that the database refused the statement."""
+        return False
+
     async def _run(self, work: Callable[[], T]) -> T:
         limiter = self._limiter
         if limiter is None:
@@ -411,7 +416,16 @@ class SQLStore:
                 for params in rows:
                     conn.execute(self._sql.record, {**params, "run_id": row[0]})
 
-        await self._run(work)
+        try:
+            await self._run(work)
+        except Exception as exc:
+            if not self._lost_connection(exc):
+                raise
+            # The connection died under the write (a server restart, a failover), maybe
+            # right after an approved handler ran: write once more, on a fresh connection,
+            # rather than leave a finished call to come back as outcome unknown. Writing a
+            # record twice is harmless: the second replaces the first with the same data.
+            await self._run(work)
 
     async def resolve(
         self,

@@ -25,6 +25,7 @@ from ._sql import SQLStore, Statements, dumps
 try:
     import psycopg
     import psycopg_pool
+    from psycopg.conninfo import conninfo_to_dict
 except ImportError as exc:  # pragma: no cover - the tests install the extra
     raise ImportError(
         'runlet.stores.postgres needs psycopg 3 and psycopg-pool: pip install "runlet[postgres]"'
@@ -242,6 +243,11 @@ STATEMENTS: Final = Statements(
 )
 
 
+# The SQLSTATEs of a server that shut down or ended the session: admin_shutdown,
+# crash_shutdown, cannot_connect_now.
+_SHUT_DOWN = frozenset({"57P01", "57P02", "57P03"})
+
+
 class PostgresCheckpointStore(SQLStore):
     """A :class:`~runlet.DurableCheckpointStore` in PostgreSQL, shared by any number of
     workers on any number of machines. Use it as an async context manager::
@@ -275,11 +281,15 @@ class PostgresCheckpointStore(SQLStore):
             resume leaves its checkpoint resumable.
 
     Raises:
-        ~runlet.ConfigurationError: An argument is out of range.
+        ~runlet.ConfigurationError: An argument is out of range, or *conninfo* is not a
+            connection string.
         ~runlet.StoreSchemaError: On entering, the database holds tables of an unknown schema.
 
-    Entering raises ``psycopg_pool.PoolTimeout`` when the server cannot be reached within
-    *timeout*; other database failures raise psycopg's own errors.
+    Entering waits up to *timeout* for the server (one that is still starting, say), then
+    raises ``psycopg_pool.PoolTimeout`` if no connection could be made, with the reason
+    of the last attempt in its message (a wrong password, a database that does not
+    exist, a server that cannot be reached). Other database failures raise psycopg's own
+    errors.
     """
 
     _sql = STATEMENTS
@@ -306,6 +316,17 @@ class PostgresCheckpointStore(SQLStore):
             raise ConfigurationError(
                 f"timeout must be a positive number of seconds, not {timeout!r}."
             )
+        if not isinstance(conninfo, str):
+            raise ConfigurationError(
+                f"conninfo must be a libpq connection string or URI (a str), not {conninfo!r}."
+            )
+        try:
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigurationError(
+                f"conninfo is not a libpq connection string or URI: {str(exc).strip()}. "
+                "Write it as 'host=... dbname=... user=...' or 'postgresql://user@host/db'."
+            ) from exc
         self._conninfo = conninfo
         self._min_size = min_size
         self._timeout = float(timeout)
@@ -329,10 +350,42 @@ class PostgresCheckpointStore(SQLStore):
         )
         try:
             pool.open(wait=True, timeout=self._timeout)
+        except psycopg_pool.PoolTimeout as timed_out:
+            pool.close()
+            # The pool only logs why it could not connect; one more attempt says why (a
+            # wrong password, a database that does not exist, a server still down).
+            reason = self._why_not_connected()
+            if reason is None:
+                raise
+            why = str(reason).strip()
+            raise psycopg_pool.PoolTimeout(f"{timed_out}; the last attempt: {why}") from reason
         except BaseException:
             pool.close()
             raise
         self._pool = pool
+
+    def _why_not_connected(self) -> psycopg.Error | None:
+        """The error of one more connection attempt, bounded in time unless the
+        connection settings bound it; ``None`` if it connects after all."""
+        params = dict(self._kwargs)
+        if "connect_timeout" not in params and "connect_timeout" not in conninfo_to_dict(
+            self._conninfo
+        ):
+            params["connect_timeout"] = max(2, min(10, int(self._timeout)))
+        try:
+            psycopg.connect(self._conninfo, **params).close()
+        except psycopg.Error as exc:
+            return exc
+        return None
+
+    def _lost_connection(self, error: Exception) -> bool:
+        # A connection that broke (a proxy dropped it, the server crashed) gives no
+        # SQLSTATE; a server that shut down or ended it says so (57P01-57P03), and class
+        # 08 is a connection exception. Any other SQLSTATE is a statement refused.
+        if not isinstance(error, psycopg.OperationalError):
+            return False
+        state = error.sqlstate
+        return state is None or state.startswith("08") or state in _SHUT_DOWN
 
     def _disconnect(self) -> None:
         pool, self._pool = self._pool, None
