@@ -116,6 +116,10 @@ def scripted_support(request: ModelRequest) -> Message:
 Ask = Callable[[str], Awaitable[str]]
 
 
+# Said of an answer the demo gave itself.
+_BY_ITSELF = " (answered by the demo: --yes, or no terminal to ask in)"
+
+
 async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
     """Answer *request*: by asking in the terminal, or by itself when *ask* is None."""
     if request.kind == "choice":
@@ -128,13 +132,13 @@ async def decide(request: HumanRequest, ask: Ask | None) -> HumanResponse:
                 picked = request.options[int(answer) - 1]
                 break
             print(f"  Type a number from 1 to {len(request.options)}.")
-        print(f"  -> {picked.label}")
+        print(f"  -> {picked.label}{_BY_ITSELF if ask is None else ''}")
         return HumanResponse(request.id, "select", value=picked.id)
     if request.kind == "input":
         text = await ask("Your answer: ") if ask is not None else "yes"
         return HumanResponse(request.id, "submit", value=text)
     if ask is None:
-        print("  -> approved (answered by the demo: --yes, or no terminal to ask in)")
+        print(f"  -> approved{_BY_ITSELF}")
         return HumanResponse(request.id, "approve")
     while True:  # only a clear yes approves: anything else (Enter too) is asked again
         answer = (await ask("Approve, reject or edit? [a/r/e] ")).strip().lower()

@@ -49,6 +49,7 @@ class TestDemo:
         assert "[interrupted: choice]" in shown
         assert "[interrupted: approval]" in shown
         assert "bytes of JSON" in shown
+        assert shown.count("(answered by the demo: --yes, or no terminal to ask in)") == 2
 
     async def test_each_checkpoint_goes_back_to_the_store_through_json(
         self, monkeypatch: pytest.MonkeyPatch

@@ -897,3 +897,11 @@ class TestBadArgumentsAreRefusedClearly:
     def test_runtime_tracing_settings(self, keyword: str, value: Any, words: str) -> None:
         with pytest.raises(ConfigurationError, match=words):
             Runtime(**{keyword: value})
+
+
+def test_the_conformance_suite_says_it_needs_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runlet.testing import store_conformance_tests
+
+    monkeypatch.setitem(sys.modules, "pytest", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="needs pytest: pip install pytest"):
+        store_conformance_tests(lambda lease: InMemoryCheckpointStore())  # type: ignore[arg-type,return-value]

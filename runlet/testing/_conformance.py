@@ -269,8 +269,17 @@ def store_conformance_tests(
         factory: ``factory(lease)`` returns an async context manager that yields a fresh,
             empty store whose claims last *lease* seconds.
         backends: The anyio backends to run every test on.
+
+    Raises:
+        ImportError: pytest is not installed.
     """
-    import pytest
+    try:
+        import pytest
+    except ImportError as exc:
+        raise ImportError(
+            "store_conformance_tests() makes pytest tests, so it needs pytest: "
+            "pip install pytest, then run the module with pytest."
+        ) from exc
 
     class StoreConformance:
         pytestmark = pytest.mark.anyio
