@@ -1002,9 +1002,11 @@ def unstructure(obj: Any) -> Any:
     :class:`~runlet.HumanRequest`, :class:`~runlet.HumanResponse`,
     :class:`~runlet.PendingRequest`, :class:`~runlet.Decision`, :class:`~runlet.Message`,
     :class:`~runlet.ToolCall`, :class:`~runlet.ToolResult`, :class:`~runlet.Usage`, each
-    stream event (see :func:`~runlet.unstructure_event` for a tagged form) and
-    :class:`~runlet.Checkpoint` (like :func:`unstructure_checkpoint`). Fields that hold
-    their default value are left out; times are ISO 8601 strings.
+    stream event (see :func:`~runlet.unstructure_event` for a tagged form),
+    :class:`~runlet.Checkpoint` (like :func:`unstructure_checkpoint`), and the store
+    protocol's :class:`~runlet.CallRecord` and :class:`~runlet.Resolution` (what a store of
+    your own keeps). Fields that hold their default value are left out; times are ISO 8601
+    strings.
 
     Raises:
         CheckpointSerializationError: A value inside (tool arguments, metadata) is not

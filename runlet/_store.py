@@ -98,7 +98,8 @@ class Claim:
         checkpoint: The checkpoint.
         token: Proves the claim in every later write; a write with a token that no longer
             holds the checkpoint raises :class:`~runlet.LeaseLostError`.
-        records: What earlier attempts recorded (decisions and results), if any.
+        records: What earlier attempts recorded (decisions and results), if any, in the
+            order first recorded (the order of the audit trail).
     """
 
     checkpoint: Checkpoint
@@ -115,7 +116,8 @@ class StoredCheckpoint:
         status: ``"pending"`` (waiting for an answer), ``"claimed"`` (a resume holds it),
             ``"resolved"`` (a resume finished; :attr:`resolution` says how) or
             ``"cancelled"``.
-        records: Decisions and results recorded by resumes so far.
+        records: Decisions and results recorded by resumes so far, in the order first
+            recorded.
         resolution: The stored outcome when resolved.
     """
 
@@ -189,6 +191,7 @@ class CheckpointStore(Protocol):
         Raises:
             CheckpointNotFoundError: There is none (a durable store also raises it for a
                 checkpoint a resume finished with: it is retired).
+            CheckpointCancelledError: (a durable store) It was cancelled.
         """
         ...
 
@@ -207,8 +210,14 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
     (:meth:`record`), renews the lease while it works (:meth:`renew`), and finally either
     resolves the checkpoint with its outcome (:meth:`resolve`, which also saves the next
     checkpoint, atomically) or gives it back (:meth:`release`). A claim whose lease ran out
-    can be taken over by another :meth:`claim`; from then on the old token's writes raise
-    :class:`~runlet.LeaseLostError`. Records survive a release and a takeover.
+    can be taken over by another :meth:`claim` (or retired by :meth:`cancel`); from then
+    on the old token's writes raise :class:`~runlet.LeaseLostError`. Until then the old
+    token still holds, even past its lease: a late writer that nobody replaced finishes
+    its work. Records survive a release and a takeover.
+
+    Saving a checkpoint again under an id the store has replaces its data only: its
+    status, records and outcome stay (a resolved checkpoint saved again is still
+    resolved, so a repeated answer still gets its stored result).
 
     Guarantees a store must give:
 
@@ -217,6 +226,9 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
     - Every write after a claim checks the token in the same atomic step as the write.
     - :meth:`resolve` stores the outcome and saves the next checkpoint in one atomic step.
     - Lease times come from one clock shared by all claimers (the database's).
+    - Claims, tokens and leases live in the shared storage, not in the store object:
+      every process (and every store object) that opens the same storage sees the same
+      claims, and tokens are unique across all of them.
     """
 
     @property
@@ -279,16 +291,19 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
 
     async def release(self, checkpoint_id: str, token: str, /) -> None:
         """Give the claim back, so the checkpoint is pending again (records are kept).
-        Does nothing if *token* no longer holds it."""
+        Does nothing if *token* no longer holds it, or there is no such checkpoint."""
         ...
 
     async def cancel(self, checkpoint_id: str, /) -> None:
-        """Retire the checkpoint without resolving it; cancelling twice is fine.
+        """Retire the checkpoint without resolving it; cancelling twice is fine. A claim
+        whose lease ran out does not stop it (its token then holds nothing). It must work
+        without reading the checkpoint's data, so that a checkpoint whose data cannot be
+        read any more can still be retired.
 
         Raises:
             CheckpointNotFoundError: There is none.
-            CheckpointClaimedError: A resume holds it right now.
-            CheckpointResolvedError: It was already resolved.
+            CheckpointClaimedError: A resume holds it right now (its lease holds).
+            CheckpointResolvedError: It was already resolved (``.resolution`` holds how).
         """
         ...
 
@@ -315,15 +330,16 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         Raises:
             ~runlet.CheckpointNotFoundError: *after* names no checkpoint of this store
                 (never saved, or deleted).
-            ~runlet.ConfigurationError: *limit* is not a positive int, or *metadata* is
-                not a mapping.
+            ~runlet.ConfigurationError: *limit* is not a positive int, *agent_name* is
+                neither a str nor None, or *metadata* is not a mapping.
         """
         ...
 
     async def decisions(self, run_id: str, /) -> Sequence[Decision]:
         """Every decision recorded for the run's checkpoints, oldest first: by checkpoint,
         in the order they were saved (which is the run's order), then in the order they
-        were recorded. Not by :attr:`~runlet.Decision.decided_at`, which comes from the
+        were first recorded (a record replaced later, say with its call's result, keeps
+        its place). Not by :attr:`~runlet.Decision.decided_at`, which comes from the
         clock of the worker that took the decision: workers' clocks may disagree."""
         ...
 

@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from .._agent import Agent
@@ -135,6 +136,31 @@ def _record(checkpoint: Checkpoint, call_id: str | None = None) -> CallRecord:
     if call_id is not None:
         decision = Decision(**{**_fields(decision), "tool_call_id": call_id})
     return CallRecord(tool_call_id=decision.tool_call_id, decision=decision)
+
+
+# The methods by which Runtime recognises a durable store, beside the three of any store.
+_PROTOCOL = (
+    "save",
+    "load",
+    "delete",
+    "lease",
+    "get",
+    "claim",
+    "renew",
+    "record",
+    "resolve",
+    "release",
+    "cancel",
+    "list_pending",
+    "decisions",
+)
+
+
+async def _cancel_after(scope: anyio.CancelScope, points: int) -> None:
+    """Cancel *scope* once this task has passed *points* scheduling points."""
+    for _ in range(points):
+        await anyio.lowlevel.checkpoint()
+    scope.cancel()
 
 
 def _call_id(record: CallRecord) -> str:
@@ -302,8 +328,12 @@ def store_conformance_tests(
         # --- The three-method protocol ---------------------------------------------
 
         async def test_is_a_durable_store(self, store: DurableCheckpointStore) -> None:
+            # Runtime recognises a durable store by its methods; without one of them it
+            # uses the store as a plain one, at least once.
+            missing = [name for name in _PROTOCOL if not hasattr(store, name)]
+            assert not missing, f"the store lacks {', '.join(missing)}"
             assert isinstance(store, DurableCheckpointStore)
-            assert store.lease == 60.0
+            assert store.lease == 60.0, f"lease is {store.lease!r}: the factory was given 60.0"
 
         async def test_save_then_load_gives_an_equal_checkpoint(
             self, store: DurableCheckpointStore
@@ -381,9 +411,10 @@ def store_conformance_tests(
             checkpoint = sample_checkpoint("cp_1")
             await store.save(checkpoint)
             claim = await store.claim("cp_1")
-            assert checkpoint == claim.checkpoint
-            assert claim.token
-            assert (await store.get("cp_1")).status == "claimed"
+            assert checkpoint == claim.checkpoint, "the claim holds another checkpoint"
+            assert claim.token, f"the claim's token is {claim.token!r}: it must be a str"
+            status = (await store.get("cp_1")).status
+            assert status == "claimed", f"a claimed checkpoint's status is {status!r}"
             with pytest.raises(CheckpointClaimedError) as info:
                 await store.claim("cp_1")
             assert info.value.checkpoint_id == "cp_1"
@@ -438,7 +469,7 @@ def store_conformance_tests(
             await quick.save(checkpoint)
             old = await quick.claim("cp_1")
             new = await quick.claim("cp_1")  # lease 0: taken over at once
-            assert old.token != new.token
+            assert old.token != new.token, "a takeover must get a token of its own"
             record = CallRecord(
                 tool_call_id=checkpoint.request.tool_call.id,
                 decision=sample_decision(checkpoint),
@@ -567,10 +598,11 @@ def store_conformance_tests(
             await store.save(second)
             claim = await store.claim("cp_1")
             await store.record("cp_1", claim.token, [_record(first)])
-            assert tuple((await store.get("cp_2")).records) == ()
-            assert tuple((await store.claim("cp_2")).records) == ()
-            decided = await store.decisions("run_1")
-            assert [d.checkpoint_id for d in decided] == ["cp_1"]
+            leaked = "cp_2 holds a record of cp_1's call: records belong to one checkpoint"
+            assert tuple((await store.get("cp_2")).records) == (), leaked
+            assert tuple((await store.claim("cp_2")).records) == (), leaked
+            decided = [d.checkpoint_id for d in await store.decisions("run_1")]
+            assert decided == ["cp_1"], f"decisions('run_1') are of checkpoints {decided}"
 
         async def test_one_record_call_keeps_every_record_it_is_given(
             self, store: DurableCheckpointStore
@@ -580,9 +612,13 @@ def store_conformance_tests(
             claim = await store.claim("cp_1")
             records = [_record(checkpoint, call_id) for call_id in ("call_c", "call_a", "call_b")]
             await store.record("cp_1", claim.token, records)
-            assert sorted(records, key=_call_id) == sorted(
-                (await store.get("cp_1")).records, key=_call_id
+            kept = [record.tool_call_id for record in (await store.get("cp_1")).records]
+            assert kept == ["call_c", "call_a", "call_b"], (
+                f"get() gives the records of calls {kept}: every one, in the order recorded"
             )
+            await store.release("cp_1", claim.token)
+            again = [record.tool_call_id for record in (await store.claim("cp_1")).records]
+            assert again == kept, f"a claim gives the records of calls {again}, not {kept}"
 
         async def test_a_stale_resolve_saves_no_next_checkpoint(
             self, quick: DurableCheckpointStore
@@ -667,7 +703,10 @@ def store_conformance_tests(
             await store.resolve("cp_1", claim.token, resolution, follow_up)
 
             stored = await store.get("cp_1")
-            assert ("resolved", resolution) == (stored.status, stored.resolution)
+            assert stored.status == "resolved", f"after resolve, the status is {stored.status!r}"
+            assert resolution == stored.resolution, (
+                f"get() gives back {stored.resolution!r}, not the resolution stored"
+            )
             with pytest.raises(CheckpointNotFoundError) as retired:
                 await store.load("cp_1")  # retired: get() still shows it
             assert not isinstance(retired.value, CheckpointCancelledError)
@@ -678,6 +717,59 @@ def store_conformance_tests(
             assert resolution == info.value.resolution
             with pytest.raises(CheckpointResolvedError):
                 await store.cancel("cp_1")
+
+        async def test_saving_a_checkpoint_again_keeps_its_state(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # An application may save a checkpoint it already handed over (a re-import, a
+            # retried request): its status, records and outcome must stay, or a repeated
+            # answer would run the approved call again.
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            await store.save(checkpoint)  # while a resume holds it: the claim stays
+            status = (await store.get("cp_1")).status
+            assert status == "claimed", f"saving a claimed checkpoint again made it {status!r}"
+            await store.record("cp_1", claim.token, [_record(checkpoint)])
+            resolution = sample_resolution(checkpoint)
+            await store.resolve("cp_1", claim.token, resolution)
+            await store.save(checkpoint)
+            stored = await store.get("cp_1")
+            assert (stored.status, stored.resolution) == ("resolved", resolution), (
+                f"saving a resolved checkpoint again made it {stored.status!r}: a save "
+                "replaces the data only, never the status, records or outcome"
+            )
+            assert stored.records == (_record(checkpoint),), "a save dropped the records"
+
+        async def test_resolve_is_all_or_nothing_when_interrupted(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A cancellation at any await of resolve() stands in for a process that dies
+            # between two writes: either the outcome and the next checkpoint are both
+            # stored, or neither is and the claim still holds.
+            for stop_at in range(12):
+                first = sample_checkpoint(f"cp_a{stop_at}")
+                follow_up = sample_checkpoint(f"cp_b{stop_at}", minute=5)
+                await store.save(first)
+                claim = await store.claim(first.id)
+                resolution = sample_resolution(first, next_id=follow_up.id)
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(_cancel_after, scope, stop_at)
+                        await store.resolve(first.id, claim.token, resolution, follow_up)
+                        group.cancel_scope.cancel()
+                status = (await store.get(first.id)).status
+                try:
+                    saved = (await store.get(follow_up.id)).status
+                except CheckpointNotFoundError:
+                    saved = None
+                assert (status, saved) in (("resolved", "pending"), ("claimed", None)), (
+                    f"resolve() cut off after {stop_at} scheduling points left the checkpoint "
+                    f"{status!r} and the next one {saved or 'missing'}: store the outcome "
+                    "and the next checkpoint in one atomic step"
+                )
+                if status == "claimed":
+                    await store.release(first.id, claim.token)
 
         async def test_decisions_are_listed_by_run_oldest_first(
             self, store: DurableCheckpointStore
@@ -700,12 +792,19 @@ def store_conformance_tests(
                     decision = Decision(**{**_fields(decision), "tool_call_id": call_id})
                     record = CallRecord(tool_call_id=call_id, decision=decision)
                     await store.record(checkpoint.id, claim.token, [record])
+                if checkpoint is first:  # call_b's result comes: its record keeps its place
+                    done = CallRecord(
+                        tool_call_id="call_b",
+                        decision=Decision(**{**_fields(decision), "tool_call_id": "call_b"}),
+                        result=ToolResult("call_b", "Done."),
+                    )
+                    await store.record(checkpoint.id, claim.token, [done])
             decisions = await store.decisions("run_1")
-            assert [(d.checkpoint_id, d.tool_call_id) for d in decisions] == [
-                ("cp_9", "call_b"),
-                ("cp_9", "call_a"),
-                ("cp_1", "call_c"),
-            ]
+            listed = [(d.checkpoint_id, d.tool_call_id) for d in decisions]
+            assert listed == [("cp_9", "call_b"), ("cp_9", "call_a"), ("cp_1", "call_c")], (
+                f"decisions('run_1') come as {listed}: by checkpoint as saved, then in the "
+                "order first recorded (a record replaced later keeps its place)"
+            )
             assert decisions[2].decided_at < decisions[0].decided_at
             assert list(await store.decisions("run_none")) == []
 
