@@ -111,6 +111,8 @@ class Runtime:
                 "InMemoryCheckpointStore() or a store of your own."
             )
         self._durable = isinstance(checkpoint_store, DurableCheckpointStore)
+        if checkpoint_store is not None and not self._durable:
+            _refuse_half_durable(checkpoint_store)
         # A store that keeps checkpoints as JSON (Runlet's SQL stores say so) gets a run's
         # options and metadata checked when the run starts.
         self._json_only = getattr(checkpoint_store, "_keeps_json", False) is True
@@ -414,6 +416,24 @@ class Runtime:
             turns=0,
             emit=emit,
         )
+
+
+# Methods only a durable store has; a store with some of them but not all was meant to be
+# one, and would otherwise be used as a plain store (at least once) without a word.
+_DURABLE_ONLY = ("claim", "renew", "record", "resolve", "release")
+_DURABLE_ALL = ("lease", "get", *_DURABLE_ONLY, "cancel", "list_pending", "decisions")
+
+
+def _refuse_half_durable(store: object) -> None:
+    if sum(hasattr(store, name) for name in _DURABLE_ONLY) < 2:
+        return
+    missing = [name for name in _DURABLE_ALL if not hasattr(store, name)]
+    raise ConfigurationError(
+        f"checkpoint_store {type(store).__name__} looks like a DurableCheckpointStore but "
+        f"lacks {', '.join(missing) or 'async methods of the protocol'}, so Runlet would use "
+        "it as a plain store, at least once (an approved call could run twice). Add them "
+        "(runlet.testing.store_conformance_tests checks a store), or remove the others."
+    )
 
 
 def _check_run_data(

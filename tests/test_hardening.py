@@ -905,3 +905,29 @@ def test_the_conformance_suite_says_it_needs_pytest(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "pytest", None)  # as if it were not installed
     with pytest.raises(ImportError, match="needs pytest: pip install pytest"):
         store_conformance_tests(lambda lease: InMemoryCheckpointStore())  # type: ignore[arg-type,return-value]
+
+
+class _HalfDurable:
+    """A store meant to be durable that lacks most of the protocol."""
+
+    async def save(self, checkpoint: Any) -> None: ...
+    async def load(self, checkpoint_id: str) -> Any: ...
+    async def delete(self, checkpoint_id: str) -> None: ...
+    async def claim(self, checkpoint_id: str) -> Any: ...
+    async def resolve(self, *args: Any) -> None: ...
+
+
+def test_a_store_with_part_of_the_durable_protocol_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="lacks lease, get, renew, record, release"):
+        Runtime(checkpoint_store=_HalfDurable())  # type: ignore[arg-type]
+
+
+def test_a_plain_store_with_a_method_of_the_same_name_is_still_plain() -> None:
+    class WithRelease:
+        async def save(self, checkpoint: Any) -> None: ...
+        async def load(self, checkpoint_id: str) -> Any: ...
+        async def delete(self, checkpoint_id: str) -> None: ...
+        async def release(self, *args: Any) -> None: ...
+
+    store = WithRelease()
+    assert Runtime(checkpoint_store=store).checkpoint_store is store
