@@ -69,9 +69,9 @@ class Runtime:
 
     Raises:
         ConfigurationError: *checkpoint_store* lacks an async ``save``, ``load`` or
-            ``delete`` method, *max_turns* is not a positive integer, *clock* is not
-            callable, *tracer_provider* has no ``get_tracer``, or *trace_content* is not
-            a bool or None.
+            ``delete`` method or has only part of the durable protocol, *max_turns* is
+            not a positive integer, *clock* is not callable, *tracer_provider* has no
+            ``get_tracer``, or *trace_content* is not a bool or None.
     """
 
     __slots__ = ("_durable", "_json_only", "_loop")
