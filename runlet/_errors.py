@@ -139,9 +139,10 @@ class ModelAPIError(ModelError):
     Attributes:
         status_code: The HTTP status code.
         body: The API's own error message, as the API worded it.
-        request_id: The id the API gave the failed request (Anthropic's ``request-id``
-            header, OpenAI's ``x-request-id``), for the vendor's support; ``None`` when
-            it sent none, or reported the error inside a stream.
+        api_request_id: The id the API gave the failed request (Anthropic's
+            ``request-id`` header, OpenAI's ``x-request-id``), for the vendor's support;
+            ``None`` when it sent none, or reported the error inside a stream. (Not a
+            :class:`~runlet.HumanRequest` id, which other errors call ``request_id``.)
     """
 
     def __init__(
@@ -150,12 +151,12 @@ class ModelAPIError(ModelError):
         *,
         status_code: int,
         body: str | None = None,
-        request_id: str | None = None,
+        api_request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.body = body
-        self.request_id = request_id
+        self.api_request_id = api_request_id
 
 
 class ModelConnectionError(ModelError):

@@ -163,8 +163,8 @@ class HumanResponse:
     metadata: Mapping[str, Any] | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        request_id = self.request_id
-        if type(request_id) is not str or not request_id:
+        request_id: object = self.request_id  # typed, but a user's: checked as anything
+        if not isinstance(request_id, str) or not request_id:
             raise HumanResponseError(
                 "HumanResponse request_id must be the id of the request it answers (a "
                 f"non-empty str, e.g. result.interruption.id), not {request_id!r}."

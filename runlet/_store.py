@@ -379,7 +379,7 @@ def check_limit(limit: object) -> None:
 def check_agent_filter(agent_name: object) -> None:
     """Refuse a ``list_pending`` agent name that is not a str (or None): it would match
     nothing, silently."""
-    if agent_name is not None and type(agent_name) is not str:
+    if agent_name is not None and not isinstance(agent_name, str):
         raise ConfigurationError(
             f"list_pending(agent_name=...) must be an agent's name (a str) or None, not "
             f"{agent_name!r}."

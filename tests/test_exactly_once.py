@@ -2653,3 +2653,49 @@ async def test_a_handler_or_policy_that_changes_its_arguments_leaves_the_call_al
     assert result.output == "Shipped."
     assert seen == [{"items": ["b", "a"]}]
     assert dict(result.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}
+
+
+def _scribbling_sync(arguments: dict[str, Any], context: ToolContext) -> str:
+    arguments["items"].append("added by a plain function")
+    return "shipped"
+
+
+async def _scribbling_slow(arguments: dict[str, Any], context: ToolContext) -> str:
+    arguments["items"].append("added by a handler with a time limit")
+    return "shipped"
+
+
+@pytest.mark.parametrize(
+    ("handler", "limit"),
+    [(_scribbling_sync, None), (_scribbling_slow, 5.0)],
+    ids=["plain-function", "with-timeout"],
+)
+async def test_every_kind_of_handler_gets_its_own_arguments(handler: Any, limit: Any) -> None:
+    ship = ToolSpec("ship", "Ship items.", ITEMS_SCHEMA, handler, timeout=limit)
+    script = [call("ship", {"items": ["b", "a"]}, id="c1"), "Shipped."]
+    agent = Agent("shop", "Ship.", ScriptedModel(script), [ship])
+    result = await Runtime().run(agent, "Ship b and a.")
+    assert result.output == "Shipped."
+    assert dict(result.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}
+
+
+async def test_an_approval_prompt_function_gets_its_own_arguments() -> None:
+    def prompt(arguments: dict[str, Any]) -> str:
+        arguments["items"].clear()
+        return "Ship them?"
+
+    ship = ToolSpec(
+        "ship",
+        "Ship items.",
+        ITEMS_SCHEMA,
+        _ship_and_scribble,
+        requires_approval=True,
+        approval_prompt=prompt,
+    )
+    script = [call("ship", {"items": ["b", "a"]}, id="c1"), "Shipped."]
+    agent = Agent("shop", "Ship.", ScriptedModel(script), [ship])
+    first = await Runtime(checkpoint_store=InMemoryCheckpointStore()).run(agent, "Ship.")
+    assert first.interruption is not None
+    assert first.interruption.prompt == "Ship them?"
+    assert dict(first.interruption.tool_call.arguments) == {"items": ["b", "a"]}
+    assert dict(first.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}

@@ -336,7 +336,7 @@ class TestErrorsAndRetries:
             with pytest.raises(ModelAPIError, match="max_tokens: too large") as info:
                 await model.complete(ask())
         assert (info.value.status_code, info.value.body) == (400, "max_tokens: too large")
-        assert info.value.request_id is None
+        assert info.value.api_request_id is None
         assert len(server.requests) == 1
 
     async def test_an_error_names_the_request_id_the_api_gave(self, server: ModelServer) -> None:
@@ -345,7 +345,7 @@ class TestErrorsAndRetries:
         async with make(server) as model:
             with pytest.raises(ModelAPIError, match=r"\(request id req_011CSHoEeqs5C\)") as info:
                 await model.complete(ask())
-        assert info.value.request_id == "req_011CSHoEeqs5C"
+        assert info.value.api_request_id == "req_011CSHoEeqs5C"
 
     async def test_429_with_retry_after_then_success(self, server: ModelServer) -> None:
         error = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}

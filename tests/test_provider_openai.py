@@ -365,7 +365,7 @@ class TestErrorsAndRetries:
         async with make(server) as model:
             with pytest.raises(ModelAPIError, match=r"\(request id req_8d2c6f0e1a\)") as info:
                 await model.complete(ask())
-        assert info.value.request_id == "req_8d2c6f0e1a"
+        assert info.value.api_request_id == "req_8d2c6f0e1a"
 
     @pytest.mark.parametrize(
         ("status", "body", "message", "hint"),

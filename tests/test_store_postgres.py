@@ -389,3 +389,63 @@ async def test_a_claim_whose_data_cannot_be_read_is_given_back() -> None:
         assert [("pending", None)] == execute(
             conninfo, "SELECT status, token FROM runlet_checkpoints"
         )
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.errors.AdminShutdown(), True),
+        (psycopg.errors.ConnectionFailure(), True),
+        (psycopg.errors.QueryCanceled(), False),
+        (psycopg.errors.UniqueViolation(), False),
+        (psycopg.InterfaceError("the connection is closed"), False),
+        (psycopg_pool.PoolTimeout("no connection free"), False),
+        (psycopg_pool.PoolClosed("the pool is closed"), False),
+        (ValueError("not the database's"), False),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else str(value),
+)
+def test_only_a_lost_connection_counts_as_one(error: Exception, lost: bool) -> None:
+    assert PostgresCheckpointStore("dbname=x")._lost_connection(error) is lost
+
+
+@pytest.mark.parametrize(
+    ("failure", "attempts"),
+    [
+        (psycopg.OperationalError("server closed the connection"), 2),
+        (psycopg.errors.QueryCanceled(), 1),
+    ],
+    ids=["lost-twice", "refused"],
+)
+async def test_a_record_is_written_again_once_and_only_after_a_lost_connection(
+    failure: Exception, attempts: int
+) -> None:
+    store = PostgresCheckpointStore("dbname=x")
+    tries: list[object] = []
+
+    async def failing(work: object) -> None:
+        tries.append(work)
+        raise failure
+
+    store._run = failing  # type: ignore[method-assign,assignment]
+    first = checkpoint()
+    record = CallRecord(tool_call_id=first.request.tool_call.id, decision=decision(first))
+    with pytest.raises(type(failure)):
+        await store.record("cp_1", "token", [record])
+    assert len(tries) == attempts
+
+
+def test_the_diagnosis_after_a_timeout_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def refuse(conninfo: str, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        raise psycopg.OperationalError("refused")
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+    assert str(PostgresCheckpointStore("dbname=x")._why_not_connected()) == "refused"
+    assert str(PostgresCheckpointStore("dbname=x connect_timeout=7")._why_not_connected())
+    mine = {"connect_timeout": 9}
+    PostgresCheckpointStore("dbname=x", connect_kwargs=mine)._why_not_connected()
+    assert [kwargs.get("connect_timeout") for kwargs in seen] == [2, None, 9]

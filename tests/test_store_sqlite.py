@@ -383,3 +383,18 @@ async def test_a_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
             async with SQLiteCheckpointStore(where):
                 pass  # pragma: no cover
         assert str(where) in str(caught.value)
+
+
+async def test_a_file_locked_by_another_connection_stays_sqlites_error(tmp_path: Path) -> None:
+    # Only a path that cannot be opened is the path's fault; a lock held past the busy
+    # timeout is SQLite's own "database is locked", for the caller to retry.
+    where = tmp_path / "store.db"
+    holder = sqlite3.connect(where, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(sqlite3.OperationalError, match="locked") as caught:
+            async with SQLiteCheckpointStore(where, busy_timeout=0.05):
+                pass  # pragma: no cover
+        assert not isinstance(caught.value, ConfigurationError)
+    finally:
+        holder.close()

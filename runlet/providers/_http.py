@@ -316,7 +316,7 @@ def api_error(
     message: str,
     *,
     attempts: int = 1,
-    request_id: str | None = None,
+    api_request_id: str | None = None,
 ) -> ModelAPIError:
     """The :class:`~runlet.ModelAPIError` for an error the API reported.
 
@@ -326,13 +326,13 @@ def api_error(
         status: The HTTP status, or the one the error's type stands for.
         message: The API's own words.
         attempts: How many attempts failed.
-        request_id: The id the API gave the request, if it sent one.
+        api_request_id: The id the API gave the request, if it sent one.
     """
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     text = f"The {api} API {what}{tries}: {sentence(message)}{_hint(status)}"
-    if request_id:
-        text += f" (request id {request_id})"
-    return ModelAPIError(text, status_code=status, body=message, request_id=request_id)
+    if api_request_id:
+        text += f" (request id {api_request_id})"
+    return ModelAPIError(text, status_code=status, body=message, api_request_id=api_request_id)
 
 
 def _response_error(response: httpx.Response, api: str, attempts: int) -> ModelAPIError:
@@ -343,7 +343,7 @@ def _response_error(response: httpx.Response, api: str, attempts: int) -> ModelA
         status,
         _error_message(response),
         attempts=attempts,
-        request_id=response.headers.get("request-id") or response.headers.get("x-request-id"),
+        api_request_id=response.headers.get("request-id") or response.headers.get("x-request-id"),
     )
 
 

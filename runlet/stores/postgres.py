@@ -287,9 +287,9 @@ class PostgresCheckpointStore(SQLStore):
 
     Entering waits up to *timeout* for the server (one that is still starting, say), then
     raises ``psycopg_pool.PoolTimeout`` if no connection could be made, with the reason
-    of the last attempt in its message (a wrong password, a database that does not
-    exist, a server that cannot be reached). Other database failures raise psycopg's own
-    errors.
+    of one more attempt (of at most 2 seconds) in its message (a wrong password, a
+    database that does not exist, a server that cannot be reached). Other database
+    failures raise psycopg's own errors.
     """
 
     _sql = STATEMENTS
@@ -371,7 +371,7 @@ class PostgresCheckpointStore(SQLStore):
         if "connect_timeout" not in params and "connect_timeout" not in conninfo_to_dict(
             self._conninfo
         ):
-            params["connect_timeout"] = max(2, min(10, int(self._timeout)))
+            params["connect_timeout"] = 2  # libpq's least: a diagnosis, not another wait
         try:
             psycopg.connect(self._conninfo, **params).close()
         except psycopg.Error as exc:
@@ -382,8 +382,10 @@ class PostgresCheckpointStore(SQLStore):
         # A connection that broke (a proxy dropped it, the server crashed) gives no
         # SQLSTATE; a server that shut down or ended it says so (57P01-57P03), and class
         # 08 is a connection exception. Any other SQLSTATE is a statement refused.
-        if not isinstance(error, psycopg.OperationalError):
-            return False
+        if not isinstance(error, psycopg.OperationalError) or isinstance(
+            error, (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed)
+        ):
+            return False  # a pool that is full or closed lost no connection
         state = error.sqlstate
         return state is None or state.startswith("08") or state in _SHUT_DOWN
 

@@ -331,7 +331,9 @@ class SQLiteCheckpointStore(SQLStore):
         try:
             conn = self._new()
         except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc):  # another process held the file past busy_timeout
+            # Only the failures of opening a file are the path's fault; "locked", a full
+            # disk or an I/O error stay SQLite's own errors.
+            if "unable to open" not in str(exc) and "not a database" not in str(exc):
                 raise
             raise ConfigurationError(
                 f"Could not open the SQLite database {self._path!r}: {exc}. Check that its "

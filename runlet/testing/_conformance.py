@@ -22,6 +22,7 @@ Every test runs once per backend in *backends* (asyncio and trio by default).
 from __future__ import annotations
 
 import datetime
+import enum
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -161,6 +162,10 @@ async def _cancel_after(scope: anyio.CancelScope, points: int) -> None:
     for _ in range(points):
         await anyio.lowlevel.checkpoint()
     scope.cancel()
+
+
+class _AgentName(str, enum.Enum):
+    SUPPORT = "support"
 
 
 def _call_id(record: CallRecord) -> str:
@@ -879,6 +884,8 @@ def store_conformance_tests(
                 return [p.checkpoint_id for p in await store.list_pending(**filters)]
 
             assert await ids(agent_name="support") == ["cp_1", "cp_3", "cp_4", "cp_5"]
+            # A str subclass (an application's enum of agent names) is its text.
+            assert await ids(agent_name=_AgentName.SUPPORT) == ["cp_1", "cp_3", "cp_4", "cp_5"]
             assert await ids(metadata={"tenant": "acme"}) == ["cp_1", "cp_2", "cp_4", "cp_5"]
             assert await ids(metadata={"tenant": "acme", "user": {"id": 1}}) == ["cp_1", "cp_2"]
             assert await ids(agent_name="support", metadata={"user": {"id": 1}}) == ["cp_1", "cp_3"]
