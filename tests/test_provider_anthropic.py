@@ -1158,3 +1158,8 @@ class TestInterleavedThinking:
     def test_calls_before_must_be_a_count(self, count: Any) -> None:
         with pytest.raises(ConfigurationError, match="calls_before"):
             ReasoningPart("x", calls_before=count)
+
+
+def test_a_base_url_with_a_query_string_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="query string or a fragment"):
+        AnthropicModel("claude-sonnet-4-5", base_url="https://proxy.example?key=1", api_key="k")

@@ -846,6 +846,67 @@ class TestStreaming:
             with pytest.raises(ModelAPIError, match="Provider disconnected"):
                 await model.complete(ask())
 
+    async def test_an_error_on_the_failed_choice_itself_is_the_error(
+        self, server: ModelServer
+    ) -> None:
+        # OpenRouter's schema also lets the failed choice carry its own error.
+        error = {"code": 502, "message": "Upstream provider returned an invalid response"}
+        failed = {"index": 0, "delta": {}, "finish_reason": "error", "error": error}
+        chunk = {"id": "gen-1", "object": "chat.completion.chunk", "choices": [failed]}
+        server.reply(Reply(events=(openai_chunk({"content": "Partial"}), sse(chunk))))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="invalid response") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 502
+        answer = openai_completion("Partial")
+        answer["choices"][0].update(finish_reason="error", error=error)
+        bare = openai_completion("Partial")
+        bare["choices"][0]["finish_reason"] = "error"  # and no word on what failed
+        server.reply(Reply(json=answer), Reply(json=bare))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="invalid response"):
+                await model.complete(ask())
+            with pytest.raises(ModelAPIError, match='ended with finish_reason "error"'):
+                await model.complete(ask())
+
+    async def test_an_older_llama_server_error_field_is_the_error(
+        self, server: ModelServer
+    ) -> None:
+        # llama-server before September 2025 wrote a failure as an "error:" field, not
+        # "data:", then ended the stream as usual.
+        failure = {"code": 400, "message": "the request exceeds the context size", "type": "x"}
+        events = (
+            openai_chunk({"content": "Hi"}),
+            f"error: {json.dumps(failure)}\n\n",
+            "data: [DONE]\n\n",
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match="exceeds the context size") as info:
+                await collect(model, ask())
+        assert info.value.status_code == 400
+
+    async def test_arguments_sent_as_an_object_are_refused_clearly(
+        self, server: ModelServer
+    ) -> None:
+        answer = openai_completion(None, [("call_1", "weather", '{"city": "Oslo"}')])
+        answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"city": "Oslo"}
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="as dict, not as a string of JSON"):
+                await model.complete(ask(tools=(WEATHER,)))
+
+    @pytest.mark.parametrize(
+        "base_url",
+        [
+            "https://res.openai.azure.com/openai/deployments/gpt-4o?api-version=2024-10-21",
+            "http://localhost:8000/v1#frag",
+        ],
+    )
+    def test_a_base_url_with_a_query_string_is_refused(self, base_url: str) -> None:
+        with pytest.raises(ConfigurationError, match="query string or a fragment"):
+            OpenAIChatModel("gpt-4o", base_url=base_url, api_key="k")
+
     async def test_stream_content_that_is_not_text(self, server: ModelServer) -> None:
         # Some servers (Mistral's reasoning models) stream content as a list of parts.
         parts = [{"type": "text", "text": "Hi"}]

@@ -139,6 +139,10 @@ class SSEDecoder:
     lines accumulate until a blank line dispatches them, a leading space after the colon
     is dropped, comment lines (starting with ``:``) and ``id``/``retry`` fields are
     ignored, and an event with no data is not dispatched.
+
+    One field outside the standard is kept: ``error:``, which ``llama-server`` builds from
+    before September 2025 used to report a failure mid-stream. Its value becomes the data
+    of an event named ``error``, so the failure is raised instead of silently ignored.
     """
 
     __slots__ = ("_data", "_event")
@@ -166,6 +170,9 @@ class SSEDecoder:
             self._data.append(value)
         elif name == "event":
             self._event = value
+        elif name == "error":
+            self._event = "error"
+            self._data.append(value)
         return None
 
 
@@ -428,6 +435,27 @@ _M = TypeVar("_M", bound="HTTPModel")
 # RFC 9110: a header name is a token; a value is visible ASCII with inner spaces or tabs.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?|")
+
+
+def api_root(base_url: str | None, default: str, path: str) -> str:
+    """*base_url* (or *default*) without its trailing slash, for *path* to be appended.
+
+    Raises:
+        ConfigurationError: It is not text, or it has a query string or a fragment, which
+            the appended path would end up inside.
+    """
+    root: object = base_url or default  # a user's: checked as anything
+    if not isinstance(root, str):
+        raise ConfigurationError(f"base_url must be a URL (a str), not {root!r}.")
+    if "?" in root or "#" in root:
+        raise ConfigurationError(
+            f"base_url {root!r} has a query string or a fragment, but Runlet appends "
+            f"{path} to base_url, so it would end up inside it. Give the URL without it, and "
+            "any query parameters with http_client=httpx.AsyncClient(params={...}). (For "
+            "Azure OpenAI, the base URL https://<resource>.openai.azure.com/openai/v1 "
+            "needs no api-version.)"
+        )
+    return root.rstrip("/")
 
 
 def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:

@@ -34,6 +34,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     HTTPModel,
     ServerSentEvent,
     api_error,
+    api_root,
     call_text,
     merge_headers,
     parse_arguments,
@@ -182,7 +183,7 @@ class AnthropicModel(HTTPModel):
             )
         key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
         auth = {"x-api-key": key} if key else {}
-        root = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        root = api_root(base_url, DEFAULT_BASE_URL, "/v1/messages")
         super().__init__(
             model=model,
             url=f"{root}/v1/messages",

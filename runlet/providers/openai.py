@@ -37,6 +37,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     HTTPModel,
     ServerSentEvent,
     api_error,
+    api_root,
     call_text,
     merge_headers,
     parse_arguments,
@@ -189,7 +190,7 @@ class OpenAIChatModel(HTTPModel):
     ) -> None:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         auth = {"authorization": f"Bearer {key}"} if key else {}
-        root = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        root = api_root(base_url, DEFAULT_BASE_URL, "/chat/completions")
         super().__init__(
             model=model,
             url=f"{root}/chat/completions",
@@ -339,17 +340,31 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
 
     Beside ``choices`` the error counts only when a choice ended because of it
     (``finish_reason: "error"``, as OpenRouter reports a provider failing mid-answer);
-    otherwise it is a warning some servers add to an answer that is whole."""
-    if not isinstance(data, dict) or data.get("error") is None:
+    otherwise it is a warning some servers add to an answer that is whole. OpenRouter may
+    also put the error on the failed choice itself."""
+    if not isinstance(data, dict):
         return None
-    if "choices" in data and not _failed_choice(data["choices"]):
+    error = data.get("error")
+    if error is None:
+        error = _choice_error(data.get("choices"))
+        if error is None:
+            return None
+    elif "choices" in data and not _failed_choice(data["choices"]):
         return None
-    error = data["error"]
     details = error if isinstance(error, dict) else {}
     message = details.get("message") if isinstance(error, dict) else error
     message = message if isinstance(message, str) and message else json.dumps(error)
     status = _error_status(details)
     return api_error(_API, f"reported an error (HTTP {status})", status, message)
+
+
+def _choice_error(choices: Any) -> Any:
+    """The error a choice that ended with ``finish_reason: "error"`` carries, if any."""
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("finish_reason") == "error":
+                return choice.get("error") or 'the answer ended with finish_reason "error"'
+    return None
 
 
 def _failed_choice(choices: Any) -> bool:
@@ -399,7 +414,14 @@ def _call_id(value: Any, index: int) -> str:
 def _tool_call(call: Mapping[str, Any], index: int) -> ToolCall:
     function = call["function"]
     name = call_text(function.get("name"), "name", _API)
-    arguments = parse_arguments(function.get("arguments") or "", name, _API)
+    text = function.get("arguments") or ""
+    if not isinstance(text, str):
+        raise ModelResponseError(
+            f"The {_API} answer sent the arguments of tool call {index} as "
+            f"{type(text).__name__}, not as a string of JSON. Check that the server really "
+            f"implements the {_API} API."
+        )
+    arguments = parse_arguments(text, name, _API)
     return ToolCall(_call_id(call.get("id"), index), name, arguments)
 
 
@@ -460,6 +482,8 @@ class _Stream:
             self.done = True
             return []
         chunk = parse_json(event.data, _API)
+        if event.event == "error" and isinstance(chunk, dict) and "error" not in chunk:
+            chunk = {"error": chunk}  # an older llama-server's error: field, the error itself
         with reading(_API):
             error = _embedded_error(chunk)
             if error is not None:
