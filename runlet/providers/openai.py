@@ -414,15 +414,22 @@ def _call_id(value: Any, index: int) -> str:
 def _tool_call(call: Mapping[str, Any], index: int) -> ToolCall:
     function = call["function"]
     name = call_text(function.get("name"), "name", _API)
-    text = function.get("arguments") or ""
-    if not isinstance(text, str):
-        raise ModelResponseError(
-            f"The {_API} answer sent the arguments of tool call {index} as "
-            f"{type(text).__name__}, not as a string of JSON. Check that the server really "
-            f"implements the {_API} API."
-        )
+    text = _arguments_text(function.get("arguments"), "answer", index)
     arguments = parse_arguments(text, name, _API)
     return ToolCall(_call_id(call.get("id"), index), name, arguments)
+
+
+def _arguments_text(value: Any, where: str, ordinal: int) -> str:
+    """A tool call's arguments as the API sends them, a string of JSON ("" for none)."""
+    if not value:
+        return ""
+    if not isinstance(value, str):
+        raise ModelResponseError(
+            f"The {_API} {where} sent the arguments of tool call {ordinal} as "
+            f"{type(value).__name__}, not as a string of JSON. Check that the server really "
+            f"implements the {_API} API."
+        )
+    return value
 
 
 def _usage(usage: Any) -> Usage:
@@ -533,13 +540,7 @@ class _Stream:
             self._last = partial
             function = piece.get("function") or {}
             name = function.get("name")
-            arguments = function.get("arguments") or ""
-            if not isinstance(arguments, str):
-                raise ModelResponseError(
-                    f"The {_API} stream sent the arguments of tool call {partial.ordinal} as "
-                    f"{type(arguments).__name__}, not as a string of JSON. Check that the "
-                    f"server really implements the {_API} API."
-                )
+            arguments = _arguments_text(function.get("arguments"), "stream", partial.ordinal)
             if call_id:
                 partial.id = call_id
             if name:
