@@ -28,7 +28,7 @@ from ._loop import Clock, Emit, Loop, RunState, new_id
 from ._messages import ZERO_USAGE, Message
 from ._result import RunResult
 from ._resume import resume
-from ._store import CheckpointStore, DurableCheckpointStore
+from ._store import DURABLE_MEMBERS, DURABLE_ONLY, CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, Tracing, cancel_span, run_span
 from ._util import cancelled_here, own_copy
 
@@ -418,21 +418,18 @@ class Runtime:
         )
 
 
-# Methods only a durable store has; a store with some of them but not all was meant to be
-# one, and would otherwise be used as a plain store (at least once) without a word.
-_DURABLE_ONLY = ("claim", "renew", "record", "resolve", "release")
-_DURABLE_ALL = ("lease", "get", *_DURABLE_ONLY, "cancel", "list_pending", "decisions")
-
-
 def _refuse_half_durable(store: object) -> None:
-    if sum(hasattr(store, name) for name in _DURABLE_ONLY) < 2:
+    """Refuse a store (not a durable one) with some of the methods only a durable store
+    has: it was meant to be one, and would otherwise be used as a plain store (at least
+    once) without a word."""
+    if sum(hasattr(store, name) for name in DURABLE_ONLY) < 2:
         return
-    missing = [name for name in _DURABLE_ALL if not hasattr(store, name)]
+    missing = [name for name in DURABLE_MEMBERS if not hasattr(store, name)]
     raise ConfigurationError(
         f"checkpoint_store {type(store).__name__} looks like a DurableCheckpointStore but "
-        f"lacks {', '.join(missing) or 'async methods of the protocol'}, so Runlet would use "
-        "it as a plain store, at least once (an approved call could run twice). Add them "
-        "(runlet.testing.store_conformance_tests checks a store), or remove the others."
+        f"lacks {', '.join(missing)}, so Runlet would use it as a plain store, at least once "
+        "(an approved call could run twice). Add them (runlet.testing."
+        "store_conformance_tests checks a store), or remove the others."
     )
 
 

@@ -370,6 +370,12 @@ def new_token() -> str:
     return f"{_PROCESS}-{next(_TOKENS)}"
 
 
+# The members of the durable protocol beyond a plain store's save, load and delete, by
+# which Runtime tells a durable store; the first five only a durable store has.
+DURABLE_ONLY = ("claim", "renew", "record", "resolve", "release")
+DURABLE_MEMBERS = ("lease", "get", *DURABLE_ONLY, "cancel", "list_pending", "decisions")
+
+
 def check_limit(limit: object) -> None:
     """Refuse a ``list_pending`` limit that is not a positive int."""
     if type(limit) is not int or limit < 1:

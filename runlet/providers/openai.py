@@ -349,7 +349,7 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
         error = _choice_error(data.get("choices"))
         if error is None:
             return None
-    elif "choices" in data and not _failed_choice(data["choices"]):
+    elif "choices" in data and _choice_error(data["choices"]) is None:
         return None
     details = error if isinstance(error, dict) else {}
     message = details.get("message") if isinstance(error, dict) else error
@@ -359,18 +359,13 @@ def _embedded_error(data: Any) -> ModelAPIError | None:
 
 
 def _choice_error(choices: Any) -> Any:
-    """The error a choice that ended with ``finish_reason: "error"`` carries, if any."""
+    """The error a choice that ended with ``finish_reason: "error"`` carries (a sentence
+    saying so when it carries none); ``None`` when no choice ended so."""
     if isinstance(choices, list):
         for choice in choices:
             if isinstance(choice, dict) and choice.get("finish_reason") == "error":
                 return choice.get("error") or 'the answer ended with finish_reason "error"'
     return None
-
-
-def _failed_choice(choices: Any) -> bool:
-    return isinstance(choices, list) and any(
-        isinstance(choice, dict) and choice.get("finish_reason") == "error" for choice in choices
-    )
 
 
 def _error_status(error: Mapping[str, Any]) -> int:

@@ -49,7 +49,14 @@ from .._human import Decision, HumanRequest, HumanResponse
 from .._messages import Message, ToolCall, ToolResult, Usage
 from .._result import RunResult
 from .._runtime import Runtime
-from .._store import CallRecord, Claim, DurableCheckpointStore, PendingRequest, Resolution
+from .._store import (
+    DURABLE_MEMBERS,
+    CallRecord,
+    Claim,
+    DurableCheckpointStore,
+    PendingRequest,
+    Resolution,
+)
 from .._tools import ToolContext, ToolSpec
 from ._scripted import ScriptedModel, call
 
@@ -137,24 +144,6 @@ def _record(checkpoint: Checkpoint, call_id: str | None = None) -> CallRecord:
     if call_id is not None:
         decision = Decision(**{**_fields(decision), "tool_call_id": call_id})
     return CallRecord(tool_call_id=decision.tool_call_id, decision=decision)
-
-
-# The methods by which Runtime recognises a durable store, beside the three of any store.
-_PROTOCOL = (
-    "save",
-    "load",
-    "delete",
-    "lease",
-    "get",
-    "claim",
-    "renew",
-    "record",
-    "resolve",
-    "release",
-    "cancel",
-    "list_pending",
-    "decisions",
-)
 
 
 async def _cancel_after(scope: anyio.CancelScope, points: int) -> None:
@@ -335,7 +324,8 @@ def store_conformance_tests(
         async def test_is_a_durable_store(self, store: DurableCheckpointStore) -> None:
             # Runtime recognises a durable store by its methods; without one of them it
             # uses the store as a plain one, at least once.
-            missing = [name for name in _PROTOCOL if not hasattr(store, name)]
+            members = ("save", "load", "delete", *DURABLE_MEMBERS)
+            missing = [name for name in members if not hasattr(store, name)]
             assert not missing, f"the store lacks {', '.join(missing)}"
             assert isinstance(store, DurableCheckpointStore)
             assert store.lease == 60.0, f"lease is {store.lease!r}: the factory was given 60.0"
