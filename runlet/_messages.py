@@ -83,7 +83,9 @@ class ReasoningPart:
     Attributes:
         text: The reasoning as readable text; empty for a redacted part.
         signature: An opaque token the API attached to the text to prove it unaltered
-            (Anthropic's ``signature``); send it back exactly as received.
+            (Anthropic's ``signature``; also Gemini's ``thought_signature`` on a tool call,
+            as a part with no text placed before that call); send it back exactly as
+            received.
         redacted_data: For reasoning the API only hands out encrypted (Anthropic's
             ``redacted_thinking``), the encrypted data, to be sent back as received.
         provider: Which API format the part came from: ``"anthropic"`` (a Messages API

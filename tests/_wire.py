@@ -96,6 +96,16 @@ def _check_openai_message(message: Any, open_calls: set[str]) -> list[str]:
             if call.get("type") != "function" or not isinstance(call.get("id"), str):
                 problems.append(f"bad tool call {call!r}")
                 continue
+            # Gemini's thought signature goes back on the call it came with.
+            extra = call.get("extra_content", {"google": {"thought_signature": "-"}})
+            if set(call) - {"id", "type", "function", "extra_content"} or not (
+                isinstance(extra, dict)
+                and set(extra) == {"google"}
+                and isinstance(extra["google"], dict)
+                and set(extra["google"]) == {"thought_signature"}
+                and isinstance(extra["google"]["thought_signature"], str)
+            ):
+                problems.append(f"tool call with keys it should not have: {call!r}")
             try:
                 arguments = json.loads(function.get("arguments"))
             except (TypeError, ValueError):

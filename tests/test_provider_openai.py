@@ -1368,3 +1368,115 @@ async def test_reasoning_and_cached_tokens_through_checkpoint_json(server: Model
     # DeepSeek's thinking mode needs it after an approval.
     (calling,) = [m for m in server.bodies[1]["messages"] if m.get("tool_calls")]
     assert "Refunds need approval." == calling["reasoning_content"]
+
+
+# -- Gemini's thought signatures ------------------------------------------------------------
+
+
+def _signed(answer: dict[str, Any], signatures: dict[int, str]) -> dict[str, Any]:
+    """*answer* with Gemini's ``extra_content`` on the tool calls at the given indexes."""
+    calls = answer["choices"][0]["message"]["tool_calls"]
+    for index, signature in signatures.items():
+        calls[index]["extra_content"] = {"google": {"thought_signature": signature}}
+    return answer
+
+
+TWO_CALLS = [
+    ("call_a", "weather", '{"city": "Oslo"}'),
+    ("call_b", "weather", '{"city": "Rome"}'),
+]
+
+
+class TestThoughtSignatures:
+    async def test_kept_before_the_call_they_came_with(self, server: ModelServer) -> None:
+        answer = _signed(openai_completion(None, TWO_CALLS, reasoning="Two cities."), {1: "S1"})
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,)))
+        assert response.message.reasoning == (
+            ReasoningPart("Two cities.", provider="openai"),
+            ReasoningPart(signature="S1", provider="openai", calls_before=1),
+        )
+
+    @pytest.mark.parametrize(
+        "extra",
+        [None, {}, {"google": None}, {"google": {}}, {"google": {"thought_signature": ""}}, "x"],
+    )
+    async def test_none_without_a_signature(self, server: ModelServer, extra: Any) -> None:
+        answer = openai_completion(None, TWO_CALLS)
+        answer["choices"][0]["message"]["tool_calls"][0]["extra_content"] = extra
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,)))
+        assert response.message.reasoning == ()
+
+    async def test_streamed(self, server: ModelServer) -> None:
+        events = list(openai_stream("", TWO_CALLS))
+        # Gemini sends each call whole in one chunk, its signature beside it.
+        first = next(i for i, event in enumerate(events) if '"call_a"' in event)
+        chunk = json.loads(events[first].removeprefix("data: ").strip())
+        chunk["choices"][0]["delta"]["tool_calls"][0]["extra_content"] = {
+            "google": {"thought_signature": "S0"}
+        }
+        events[first] = f"data: {json.dumps(chunk)}\n\n"
+        items = await streamed(server, tuple(events))
+        final = items[-1]
+        assert [call.id for call in final.message.tool_calls] == ["call_a", "call_b"]
+        assert final.message.reasoning == (ReasoningPart(signature="S0", provider="openai"),)
+
+    async def test_sent_back_on_their_calls(self, server: ModelServer) -> None:
+        # Gemini 3 answers 400 to a tool-calling turn that comes back without them, so
+        # they go back even where reasoning text does not (send_reasoning=False).
+        server.reply(Reply(json=openai_completion("ok")))
+        calls = [ToolCall("a", "weather", {"city": "Oslo"}), ToolCall("b", "weather", {})]
+        reasoning = [
+            ReasoningPart("Not sent.", provider="openai"),
+            ReasoningPart(signature="S-b", provider="openai", calls_before=1),
+            ReasoningPart("Claude's", signature="not ours", provider="anthropic"),
+            ReasoningPart(signature="past the calls", provider="openai", calls_before=2),
+        ]
+        transcript = (
+            Message.user("Weather?"),
+            Message.assistant("", calls, reasoning=reasoning),
+            Message.tool(ToolResult("a", "Sunny")),
+            Message.tool(ToolResult("b", "Rain")),
+        )
+        async with make(server) as model:
+            assert model.send_reasoning is False
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        sent = server.bodies[0]["messages"][1]
+        assert "reasoning_content" not in sent
+        assert "extra_content" not in sent["tool_calls"][0]
+        assert sent["tool_calls"][1]["extra_content"] == {"google": {"thought_signature": "S-b"}}
+
+    async def test_through_an_approval_and_checkpoint_json(self, server: ModelServer) -> None:
+        server.reply(
+            Reply(
+                json=_signed(
+                    openai_completion(None, [("call_refund_7", "refund", '{"order_id": "123"}')]),
+                    {0: "CrICAdHt=="},
+                )
+            ),
+            Reply(json=openai_completion("Order 123 is refunded.")),
+        )
+        async with make(server) as model:
+            runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+            agent = Agent("support", "Ask for approval before refunds.", model, (REFUND,))
+            result = await runtime.run(agent, "Refund order 123.")
+            assert result.interruption is not None
+            assert result.checkpoint_id is not None
+            store = runtime.checkpoint_store
+            assert store is not None
+            saved = json.dumps(unstructure_checkpoint(await store.load(result.checkpoint_id)))
+            fresh_store = InMemoryCheckpointStore()
+            await fresh_store.save(structure_checkpoint(json.loads(saved)))
+            resumed = await Runtime(checkpoint_store=fresh_store).resume(
+                agent,
+                checkpoint_id=result.checkpoint_id,
+                response=HumanResponse(request_id=result.interruption.id, action="approve"),
+            )
+        assert resumed.output == "Order 123 is refunded."
+        (calling,) = [m for m in server.bodies[1]["messages"] if m.get("tool_calls")]
+        assert calling["tool_calls"][0]["extra_content"] == {
+            "google": {"thought_signature": "CrICAdHt=="}
+        }

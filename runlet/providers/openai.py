@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -132,6 +132,12 @@ class OpenAIChatModel(HTTPModel):
     plain answer), only where the server needs it: see *send_reasoning*. Reasoning from
     other providers is never sent.
 
+    Gemini's OpenAI-compatible endpoint puts a thought signature on tool calls
+    (``extra_content.google.thought_signature``) and refuses a later request whose
+    tool-calling turn lacks it. Each becomes a reasoning part without text, with the
+    signature and :attr:`~runlet.ReasoningPart.calls_before` set to its call's index, and
+    goes back on that call with every request, whatever *send_reasoning* says.
+
     Use it as ``async with OpenAIChatModel(...) as model:``, or call :meth:`aclose`
     when done, to close the HTTP client it creates. A client passed as ``http_client``
     is never closed by the adapter.
@@ -243,16 +249,12 @@ class OpenAIChatModel(HTTPModel):
             if error is not None:
                 raise error
             message = data["choices"][0]["message"]
-            calls = tuple(
-                _tool_call(call, index)
-                for index, call in enumerate(message.get("tool_calls") or ())
-            )
-            reasoning = _reasoning(message)
+            raw_calls = message.get("tool_calls") or ()
+            calls = tuple(_tool_call(call, index) for index, call in enumerate(raw_calls))
+            signatures = [_signature(call) for call in raw_calls]
             return ModelResponse(
                 Message.assistant(
-                    _text(message),
-                    calls,
-                    reasoning=[ReasoningPart(reasoning, provider=PROVIDER)] if reasoning else (),
+                    _text(message), calls, reasoning=_parts(_reasoning(message), signatures)
                 ),
                 _usage(data.get("usage")),
             )
@@ -293,7 +295,7 @@ def _message(message: Message, send_reasoning: bool) -> dict[str, Any]:
                 )
                 if reasoning:
                     entry["reasoning_content"] = reasoning
-            entry["tool_calls"] = [
+            entry["tool_calls"] = calls = [
                 {
                     "id": call.id,
                     "type": "function",
@@ -301,6 +303,17 @@ def _message(message: Message, send_reasoning: bool) -> dict[str, Any]:
                 }
                 for call in message.tool_calls
             ]
+            # Gemini's thought signatures go back on the calls they came with, whatever
+            # send_reasoning says: Gemini 3 refuses a tool-calling turn without them.
+            for part in message.reasoning:
+                if (
+                    part.provider == PROVIDER
+                    and part.signature is not None
+                    and part.calls_before < len(calls)
+                ):
+                    calls[part.calls_before]["extra_content"] = {
+                        "google": {"thought_signature": part.signature}
+                    }
         return entry
     if message.role == "tool":
         result = tool_result(message)
@@ -388,6 +401,26 @@ def _reasoning(fields: Mapping[str, Any]) -> str:
     return ""
 
 
+def _signature(fields: Any) -> str | None:
+    """Gemini's thought signature on a tool call (``extra_content.google``), if any."""
+    extra = fields.get("extra_content") if isinstance(fields, dict) else None
+    google = extra.get("google") if isinstance(extra, dict) else None
+    signature = google.get("thought_signature") if isinstance(google, dict) else None
+    return signature if isinstance(signature, str) and signature else None
+
+
+def _parts(reasoning: str, signatures: Sequence[str | None]) -> list[ReasoningPart]:
+    """The message's reasoning: its text, then a part without text for each call's
+    thought signature, placed before that call."""
+    parts = [ReasoningPart(reasoning, provider=PROVIDER)] if reasoning else []
+    parts.extend(
+        ReasoningPart(signature=signature, provider=PROVIDER, calls_before=index)
+        for index, signature in enumerate(signatures)
+        if signature is not None
+    )
+    return parts
+
+
 def _text(message: Mapping[str, Any]) -> str:
     # A refusal is the model's whole answer, so it is the text the run reports.
     text = message.get("content") or message.get("refusal") or ""
@@ -455,6 +488,7 @@ class _PartialCall:
     id: str | None = None
     name: str | None = None
     arguments: list[str] = attrs.Factory(list)
+    signature: str | None = None
 
     def whole(self) -> bool:
         """Whether the call has its name and arguments that are a complete JSON object."""
@@ -540,6 +574,9 @@ class _Stream:
                 partial.id = call_id
             if name:
                 partial.name = name
+            signature = _signature(piece)
+            if signature is not None:
+                partial.signature = signature
             partial.arguments.append(arguments)
             items.append(ToolCallDelta(partial.ordinal, call_id or None, name or None, arguments))
         if choice.get("finish_reason"):
@@ -566,10 +603,11 @@ class _Stream:
             name = call_text(partial.name, "name", _API)
             arguments = parse_arguments("".join(partial.arguments), name, _API)
             calls.append(ToolCall(_call_id(partial.id, index), name, arguments))
-        reasoning = "".join(self._reasoning)
         message = Message.assistant(
             "".join(self._text),
             calls,
-            reasoning=[ReasoningPart(reasoning, provider=PROVIDER)] if reasoning else (),
+            reasoning=_parts(
+                "".join(self._reasoning), [partial.signature for partial in self._calls]
+            ),
         )
         return ModelResponse(message, self._usage)
