@@ -23,6 +23,8 @@ if _selected is not None and _selected not in _BACKENDS:
     raise pytest.UsageError(f"RUNLET_TEST_BACKEND must be one of {_BACKENDS}, not {_selected!r}")
 
 
+pytest_plugins = ["pytester"]
+
 BACKENDS: tuple[str, ...] = (_selected,) if _selected else _BACKENDS
 """The backends this test run covers."""
 

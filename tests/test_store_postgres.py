@@ -57,7 +57,12 @@ async def pg_store(lease: float | None) -> AsyncIterator[Any]:
         yield store
 
 
-TestConformance = store_conformance_tests(pg_store, backends=BACKENDS)
+def same_database(store: Any) -> PostgresCheckpointStore:
+    """Another store on *store*'s database and schema, as another process opens it."""
+    return PostgresCheckpointStore(store.conninfo, lease=store.lease, max_size=2)
+
+
+TestConformance = store_conformance_tests(pg_store, backends=BACKENDS, second_handle=same_database)
 
 
 class TestSemantics(semantics_tests(pg_store)):  # type: ignore[misc]

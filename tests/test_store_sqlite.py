@@ -48,7 +48,12 @@ async def memory_store(lease: float | None) -> AsyncIterator[InMemoryCheckpointS
     yield InMemoryCheckpointStore(lease=lease)
 
 
-TestConformance = store_conformance_tests(sqlite_store, backends=BACKENDS)
+def same_file(store: Any) -> SQLiteCheckpointStore:
+    """Another store on *store*'s file, as another process opens it."""
+    return SQLiteCheckpointStore(store.path, lease=store.lease)
+
+
+TestConformance = store_conformance_tests(sqlite_store, backends=BACKENDS, second_handle=same_file)
 
 
 class TestSemantics(semantics_tests(sqlite_store)):  # type: ignore[misc]

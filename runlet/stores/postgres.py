@@ -337,6 +337,12 @@ class PostgresCheckpointStore(SQLStore):
     def __repr__(self) -> str:
         return f"PostgresCheckpointStore(<conninfo>, lease={self._lease!r})"
 
+    @property
+    def conninfo(self) -> str:
+        """The connection string it was given, to open another store on the same
+        database (it may hold a password: keep it out of logs)."""
+        return self._conninfo
+
     def _connect(self) -> None:
         pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
             self._conninfo,

@@ -24,6 +24,7 @@ a :class:`~runlet.DurableCheckpointStore` implementation against Runlet's guaran
 
 from __future__ import annotations
 
+from ._conformance import SecondHandle as SecondHandle
 from ._conformance import StoreFactory as StoreFactory
 from ._conformance import store_conformance_tests as store_conformance_tests
 from ._scripted import ScriptedModel as ScriptedModel
@@ -35,6 +36,7 @@ __all__ = [
     "ScriptExhaustedError",
     "ScriptItem",
     "ScriptedModel",
+    "SecondHandle",
     "StoreFactory",
     "call",
     "store_conformance_tests",

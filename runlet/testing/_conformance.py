@@ -60,10 +60,16 @@ from .._store import (
 from .._tools import ToolContext, ToolSpec
 from ._scripted import ScriptedModel, call
 
-__all__ = ["StoreFactory", "store_conformance_tests"]
+__all__ = ["SecondHandle", "StoreFactory", "store_conformance_tests"]
 
 StoreFactory = Callable[[float], AbstractAsyncContextManager[DurableCheckpointStore]]
 """``factory(lease)`` → an async context manager yielding a fresh, empty store."""
+
+SecondHandle = Callable[
+    [DurableCheckpointStore], AbstractAsyncContextManager[DurableCheckpointStore]
+]
+"""``second_handle(store)`` → an async context manager yielding another store object on
+*store*'s storage, with its lease."""
 
 _UTC = datetime.timezone.utc
 _T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=_UTC)
@@ -278,7 +284,10 @@ def _rich_checkpoint() -> Checkpoint:
 
 
 def store_conformance_tests(
-    factory: StoreFactory, *, backends: tuple[str, ...] = ("asyncio", "trio")
+    factory: StoreFactory,
+    *,
+    backends: tuple[str, ...] = ("asyncio", "trio"),
+    second_handle: SecondHandle | None = None,
 ) -> type:
     """A pytest test class that checks a :class:`~runlet.DurableCheckpointStore`.
 
@@ -289,6 +298,12 @@ def store_conformance_tests(
         factory: ``factory(lease)`` returns an async context manager that yields a fresh,
             empty store whose claims last *lease* seconds.
         backends: The anyio backends to run every test on.
+        second_handle: For a store that several processes share: ``second_handle(store)``
+            returns an async context manager that yields another store object on the
+            same storage (the same file or database) with the same lease, as another
+            process would open it. With it the suite also checks that claims, tokens,
+            records, outcomes and cancellations live in the storage, not in one object:
+            a store that keeps them in the object passes every other test.
 
     Raises:
         ImportError: pytest is not installed.
@@ -1138,8 +1153,111 @@ def store_conformance_tests(
                 await app.resume(first, app.approve(first))
             assert app.effects == []
 
-    StoreConformance.__name__ = StoreConformance.__qualname__ = "StoreConformance"
-    return StoreConformance
+    suite: type = StoreConformance
+    if second_handle is not None:
+        suite = _with_two_handles(StoreConformance, second_handle)
+    suite.__name__ = suite.__qualname__ = "StoreConformance"
+    return suite
+
+
+def _with_two_handles(base: type, second_handle: SecondHandle) -> type:
+    """*base* with the tests that need a second store object on the same storage."""
+    import pytest  # present: store_conformance_tests checked
+
+    class TwoHandles(base):  # type: ignore[misc]
+        @pytest.fixture
+        async def other(
+            self, store: DurableCheckpointStore
+        ) -> AsyncIterator[DurableCheckpointStore]:
+            async with second_handle(store) as other:
+                yield other
+
+        @pytest.fixture
+        async def quick_other(
+            self, quick: DurableCheckpointStore
+        ) -> AsyncIterator[DurableCheckpointStore]:
+            async with second_handle(quick) as other:
+                yield other
+
+        async def test_a_second_handle_sees_checkpoints_and_claims(
+            self, store: DurableCheckpointStore, other: DurableCheckpointStore
+        ) -> None:
+            assert other is not store, "second_handle must open another store object"
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            assert checkpoint == await other.load("cp_1")
+            assert [p.checkpoint_id for p in await other.list_pending()] == ["cp_1"]
+            claim = await store.claim("cp_1")
+            with pytest.raises(CheckpointClaimedError):
+                await other.claim("cp_1")  # the claim lives in the storage
+            await store.record("cp_1", claim.token, [_record(checkpoint)])
+            assert (_record(checkpoint),) == (await other.get("cp_1")).records
+            await store.release("cp_1", claim.token)
+            taken = await other.claim("cp_1")
+            assert taken.token != claim.token, "each claim needs a token of its own"
+            with pytest.raises(LeaseLostError):
+                await store.renew("cp_1", claim.token)
+
+        async def test_a_takeover_through_a_second_handle_fences_the_first(
+            self, quick: DurableCheckpointStore, quick_other: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            old = await quick.claim("cp_1")
+            new = await quick_other.claim("cp_1")  # lease 0: taken over at once
+            assert old.token != new.token, (
+                "two store objects gave the same token: tokens must be unique across every "
+                "object on the storage (random, not a counter kept in the object)"
+            )
+            record = _record(checkpoint)
+            with pytest.raises(LeaseLostError):
+                await quick.record("cp_1", old.token, [record])
+            with pytest.raises(LeaseLostError):
+                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint))
+            await quick_other.record("cp_1", new.token, [record])
+            resolution = sample_resolution(checkpoint)
+            await quick_other.resolve("cp_1", new.token, resolution)
+            stored = await quick.get("cp_1")
+            assert ("resolved", (record,), resolution) == (
+                stored.status,
+                stored.records,
+                stored.resolution,
+            )
+            with pytest.raises(CheckpointResolvedError):
+                await quick.claim("cp_1")
+
+        async def test_a_cancel_through_a_second_handle(
+            self, quick: DurableCheckpointStore, quick_other: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await quick.save(checkpoint)
+            claim = await quick.claim("cp_1")
+            await quick_other.cancel("cp_1")  # allowed: the lease (0 s) ran out
+            with pytest.raises(LeaseLostError):
+                await quick.record("cp_1", claim.token, [_record(checkpoint)])
+            with pytest.raises(CheckpointCancelledError):
+                await quick.load("cp_1")
+            assert list(await quick.list_pending()) == []
+
+        async def test_a_run_interrupted_on_one_handle_resumes_once_on_another(
+            self, store: DurableCheckpointStore, other: DurableCheckpointStore
+        ) -> None:
+            first, second = _App(store), _App(other)
+            interrupted = await first.interrupt()
+            outcomes = await second.resume_many(interrupted, 3)
+            outcomes += await first.resume_many(interrupted, 3)
+            results = [o for o in outcomes if isinstance(o, RunResult)]
+            assert results, outcomes
+            assert all(r.output == "Refunded." for r in results), outcomes
+            assert all(isinstance(o, (RunResult, CheckpointClaimedError)) for o in outcomes), (
+                outcomes
+            )
+            assert len(first.effects + second.effects) == 1
+            again = await first.resume(interrupted, first.approve(interrupted))
+            assert again.output == "Refunded."
+            assert len(first.effects + second.effects) == 1
+
+    return TwoHandles
 
 
 class _App:
