@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from ._agent import Agent
     from ._checkpoint import Checkpoint
-    from ._human import Decision, HumanResponse
+    from ._human import Decision, HumanRequest, HumanResponse
     from ._loop import RunState
     from ._messages import Message, ToolCall
     from ._model import Model, ModelRequest, ModelResponse
@@ -227,6 +227,19 @@ class _Off:
 _OFF = _Off()
 
 
+def _interrupt(request: HumanRequest, checkpoint_id: str, count: int) -> dict[str, Any]:
+    """The ``runlet.interrupt.*`` attributes of a run that waits at *checkpoint_id*."""
+    return {
+        RUN_STATUS: "interrupted",
+        INTERRUPT_KIND: request.kind,
+        INTERRUPT_REQUEST_ID: request.id,
+        INTERRUPT_CHECKPOINT_ID: checkpoint_id,
+        INTERRUPT_TOOL_NAME: request.tool_call.name,
+        INTERRUPT_TOOL_CALL_ID: request.tool_call.id,
+        INTERRUPT_REQUEST_COUNT: count,
+    }
+
+
 class RunTrace:
     """The spans of one traced run segment (a run, a stream, a resume, an expiry).
 
@@ -338,17 +351,8 @@ class RunTrace:
         span = self.span
         if span is None:  # pragma: no cover - the loop runs inside the span
             return
-        request = checkpoint.request
         span.set_attributes(
-            {
-                RUN_STATUS: "interrupted",
-                INTERRUPT_KIND: request.kind,
-                INTERRUPT_REQUEST_ID: request.id,
-                INTERRUPT_CHECKPOINT_ID: checkpoint.id,
-                INTERRUPT_TOOL_NAME: request.tool_call.name,
-                INTERRUPT_TOOL_CALL_ID: request.tool_call.id,
-                INTERRUPT_REQUEST_COUNT: 1 + len(checkpoint.more_requests),
-            }
+            _interrupt(checkpoint.request, checkpoint.id, 1 + len(checkpoint.more_requests))
         )
 
     def found(self, checkpoint: Checkpoint) -> None:
@@ -363,11 +367,16 @@ class RunTrace:
 
     def repeated(self, result: RunResult) -> None:
         """Record that a resume returned the stored outcome of an earlier one (nothing
-        ran): ``runlet.resume.repeated`` and the stored result's status."""
+        ran): ``runlet.resume.repeated``, the stored result's status and, when it
+        interrupted, where the run waits (``runlet.interrupt.*``)."""
         span = self.span
         if span is None:  # pragma: no cover - called inside the span
             return
         span.set_attributes({RESUME_REPEATED: True, RUN_STATUS: result.status})
+        request = result.interruption
+        if request is not None and result.checkpoint_id is not None:
+            count = len(result.pending_requests) or 1
+            span.set_attributes(_interrupt(request, result.checkpoint_id, count))
 
     def resumed(self, checkpoint: Checkpoint, decisions: Sequence[Decision]) -> None:
         """Record what a resume continues: the run (its id now joins every span), a link

@@ -712,6 +712,29 @@ async def test_an_approval_round_trip_across_a_json_checkpoint(
     assert tool["gen_ai.tool.call.result"] == tool_message.content
 
 
+async def test_a_rejected_call_gets_no_tool_span_and_its_decision_names_it(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    agent = weather_agent(
+        NamedModel([call("get_weather", city="Paris", id="call_w"), "Fine."]),
+        weather_tool(approval=True),
+    )
+    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    interrupted = await runtime.run(agent, "Weather?")
+    assert interrupted.checkpoint_id is not None
+    assert interrupted.interruption is not None
+    exporter.clear()
+    await runtime.resume(
+        agent,
+        checkpoint_id=interrupted.checkpoint_id,
+        response=HumanResponse(interrupted.interruption.id, "reject"),
+    )
+    resumed = exporter.get_finished_spans()
+    assert tree(resumed) == [("invoke_agent weather", [("chat scripted-1", [])])]
+    span = attrs_of(one(resumed, "invoke_agent weather"))
+    assert (span["runlet.human.tool_call_id"], span["runlet.human.action"]) == ("call_w", "reject")
+
+
 async def test_a_resume_that_stops_again_records_the_next_interruption(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
@@ -935,6 +958,48 @@ async def test_a_repeated_resume_is_traced_as_served_from_the_stored_outcome(
     assert attrs_of(span)["runlet.resume.repeated"] is True
     assert attrs_of(span)["runlet.run.status"] == "completed"
     assert attrs_of(span)["runlet.run_id"] == interrupted.run_id
+
+
+async def test_a_repeated_resume_that_interrupted_says_where_the_run_waits(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # A retried webhook: its span must name the checkpoint the run waits at now.
+    model = NamedModel(
+        [
+            call("get_weather", city="Paris", id="call_1"),
+            [
+                call("get_weather", city="Rome", id="call_2"),
+                call("get_weather", city="Oslo", id="call_3"),
+            ],
+        ]
+    )
+    agent = weather_agent(model, weather_tool(approval=True))
+    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    interrupted = await runtime.run(agent, "Weather?")
+    assert interrupted.checkpoint_id is not None
+    assert interrupted.interruption is not None
+    answer = HumanResponse(interrupted.interruption.id, "approve")
+    first = await runtime.resume(agent, checkpoint_id=interrupted.checkpoint_id, response=answer)
+    assert first.interruption is not None
+    exporter.clear()
+
+    again = await runtime.resume(agent, checkpoint_id=interrupted.checkpoint_id, response=answer)
+
+    assert again.checkpoint_id == first.checkpoint_id
+    [span] = exporter.get_finished_spans()
+    attributes = attrs_of(span)
+    assert attributes["runlet.resume.repeated"] is True
+    assert {
+        key: value for key, value in attributes.items() if key.startswith("runlet.interrupt.")
+    } == {
+        "runlet.interrupt.checkpoint_id": first.checkpoint_id,
+        "runlet.interrupt.request_count": 2,
+        "runlet.interrupt.kind": "approval",
+        "runlet.interrupt.request_id": first.interruption.id,
+        "runlet.interrupt.tool_name": "get_weather",
+        "runlet.interrupt.tool_call_id": "call_2",
+    }
+    assert attributes["runlet.run.status"] == "interrupted"
 
 
 async def test_a_run_whose_checkpoint_is_not_saved_is_not_traced_as_interrupted(
