@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from types import MappingProxyType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, overload
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._events import StreamEvent
     from ._human import HumanResponse
     from ._result import RunResult
-    from ._store import PendingRequest
+    from ._store import CallRecord, PendingRequest, Resolution
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -984,13 +984,16 @@ def unstructure(
     | ToolResult
     | Usage
     | HumanOption
+    | ReasoningPart
     | Checkpoint
+    | CallRecord
+    | Resolution
     | StreamEvent,
 ) -> dict[str, Any]: ...
 
 
 @overload
-def unstructure(obj: object) -> Any: ...
+def unstructure(obj: Sequence[Any] | Mapping[str, Any]) -> Any: ...
 
 
 def unstructure(obj: Any) -> Any:

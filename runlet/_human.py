@@ -143,6 +143,10 @@ class HumanResponse:
     - ``choice``: ``"select"`` with ``value`` set to one of the offered option ids.
     - ``input``: ``"submit"`` with ``value`` set to the person's text.
 
+    The class methods :meth:`approve`, :meth:`reject`, :meth:`select` and :meth:`submit`
+    build each kind with exactly the arguments it takes, so a type checker catches a
+    response of the wrong shape: ``HumanResponse.select(request.id, "express")``.
+
     ``responded_by`` (who answered, as your application names them) and ``metadata``
     (JSON-compatible data of your own, e.g. a ticket number) are kept in the audit trail
     (:class:`Decision`) and never sent to the model.
@@ -202,6 +206,65 @@ class HumanResponse:
                 "edited_arguments only go with action='approve'; "
                 f"remove them from this {self.action!r} response."
             )
+
+    # Typed shortcuts: each takes exactly what its action needs, so a type checker
+    # refuses a response of the wrong shape (a select without an option id).
+
+    @classmethod
+    def approve(
+        cls,
+        request_id: str,
+        edited_arguments: Mapping[str, Any] | None = None,
+        *,
+        responded_by: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> HumanResponse:
+        """Approve an approval request, optionally with *edited_arguments*."""
+        return cls(
+            request_id,
+            "approve",
+            None,
+            edited_arguments,
+            responded_by=responded_by,
+            metadata=metadata,
+        )
+
+    @classmethod
+    def reject(
+        cls,
+        request_id: str,
+        reason: str | None = None,
+        *,
+        responded_by: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> HumanResponse:
+        """Reject an approval request; the model is told *reason* after the fixed
+        rejection text."""
+        return cls(request_id, "reject", reason, responded_by=responded_by, metadata=metadata)
+
+    @classmethod
+    def select(
+        cls,
+        request_id: str,
+        option_id: str,
+        *,
+        responded_by: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> HumanResponse:
+        """Answer a choice request with the id of one of its options."""
+        return cls(request_id, "select", option_id, responded_by=responded_by, metadata=metadata)
+
+    @classmethod
+    def submit(
+        cls,
+        request_id: str,
+        text: str,
+        *,
+        responded_by: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> HumanResponse:
+        """Answer an input request with the person's *text*."""
+        return cls(request_id, "submit", text, responded_by=responded_by, metadata=metadata)
 
 
 @attrs.frozen(kw_only=True)

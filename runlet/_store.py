@@ -278,11 +278,13 @@ class DurableCheckpointStore(CheckpointStore, Protocol):
         checkpoint_id: str,
         token: str,
         resolution: Resolution,
-        next_checkpoint: Checkpoint | None = None,
+        next_checkpoint: Checkpoint | None,
         /,
     ) -> None:
         """Mark the checkpoint resolved with *resolution* and save *next_checkpoint* (the
-        run's next interruption, if any) as pending, in one atomic step.
+        run's next interruption, or ``None``) as pending, in one atomic step. Runlet
+        always passes all four arguments, so a default for *next_checkpoint* is up to
+        the store.
 
         Raises:
             LeaseLostError: *token* no longer holds the checkpoint.

@@ -18,13 +18,15 @@ from ._util import is_seconds, own_copy
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
-Handler = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[Any], Any]]
+Handler = Callable[[dict[str, Any], "ToolContext"], Union[Awaitable[Any], Any]]
 """A tool handler: ``async def handler(arguments, context) -> str | JSON value``.
 
-A plain (non-async) function is accepted too; it runs in a worker thread.
+A plain (non-async) function is accepted too; it runs in a worker thread. *arguments* is
+the handler's own ``dict`` (a deep copy of the call's): it may change it. A handler
+annotated with ``Mapping[str, Any]`` fits too.
 """
 
-ApprovalPolicy = Callable[[Mapping[str, Any], "ToolContext"], Union[Awaitable[bool], bool]]
+ApprovalPolicy = Callable[[dict[str, Any], "ToolContext"], Union[Awaitable[bool], bool]]
 """Decides per call whether a person must approve it: ``(arguments, context) -> bool``,
 sync or async. It sees the arguments after they passed the tool's schema."""
 
@@ -248,7 +250,7 @@ class ToolSpec:
     idempotent: bool = False
     expires_after: float | None = None
     timeout: float | None = attrs.field(default=None, kw_only=True)
-    approval_prompt: str | Callable[[Mapping[str, Any]], str] | None = attrs.field(
+    approval_prompt: str | Callable[[dict[str, Any]], str] | None = attrs.field(
         default=None, kw_only=True
     )
     allow_edit: bool = attrs.field(default=True, kw_only=True)
@@ -366,17 +368,17 @@ class ToolSpec:
 
         Returns ``(content, is_error)``. Cancellation from outside propagates.
         """
-        arguments = own_copy(arguments)  # the handler's own: the call's stay as they were
+        own = own_copy(arguments)  # the handler's own: the call's stay as they were
         try:
             if self.timeout is None:
                 # Awaiting an async handler directly saves a coroutine per call.
                 if self._is_async:
-                    value = await self.handler(arguments, context)
+                    value = await self.handler(own, context)
                 else:
-                    value = await self._call(arguments, context)
+                    value = await self._call(own, context)
             else:
                 with anyio.move_on_after(self.timeout) as scope:
-                    value = await self._call(arguments, context)
+                    value = await self._call(own, context)
                 if scope.cancelled_caught:
                     return (
                         f"Tool {self.name!r} did not finish within its {self.timeout:g} s "
@@ -410,7 +412,7 @@ class ToolSpec:
                 True,
             )
 
-    async def _call(self, arguments: Mapping[str, Any], context: ToolContext) -> Any:
+    async def _call(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         if self._is_async:
             return await self.handler(arguments, context)
         # Boxed, because trio refuses a worker-thread function that returns a coroutine.
@@ -422,7 +424,7 @@ class ToolSpec:
         return value
 
 
-def _boxed(handler: Handler, arguments: Mapping[str, Any], context: ToolContext) -> list[Any]:
+def _boxed(handler: Handler, arguments: dict[str, Any], context: ToolContext) -> list[Any]:
     return [handler(arguments, context)]
 
 

@@ -907,6 +907,14 @@ def test_the_conformance_suite_says_it_needs_pytest(monkeypatch: pytest.MonkeyPa
         store_conformance_tests(lambda lease: InMemoryCheckpointStore())  # type: ignore[arg-type,return-value]
 
 
+@pytest.mark.parametrize("backends", [(), ("asynco",), ("asyncio", "curio")])
+def test_the_conformance_suite_refuses_unknown_backends(backends: Any) -> None:
+    from runlet.testing import store_conformance_tests
+
+    with pytest.raises(ConfigurationError, match="backends must name anyio backends"):
+        store_conformance_tests(lambda lease: InMemoryCheckpointStore(), backends=backends)  # type: ignore[arg-type,return-value]
+
+
 class _HalfDurable:
     """A store meant to be durable that lacks most of the protocol."""
 

@@ -941,3 +941,57 @@ async def test_the_ask_human_handler_is_never_meant_to_run() -> None:
 def test_human_response_needs_the_id_of_a_request(request_id: Any) -> None:
     with pytest.raises(runlet.HumanResponseError, match="request_id must be the id"):
         HumanResponse(request_id, "approve")
+
+
+# -- the typed shortcuts of HumanResponse ---------------------------------------------------
+
+
+def test_each_shortcut_builds_the_response_of_its_action() -> None:
+    edited = {"order_id": "124"}
+    meta = {"ticket": 7}
+    assert HumanResponse.approve("r", edited, responded_by="ops", metadata=meta) == (
+        HumanResponse("r", "approve", None, edited, responded_by="ops", metadata=meta)
+    )
+    assert HumanResponse.approve("r") == HumanResponse("r", "approve")
+    assert HumanResponse.reject("r", "No.", responded_by="ops") == HumanResponse(
+        "r", "reject", "No.", responded_by="ops"
+    )
+    assert HumanResponse.reject("r") == HumanResponse("r", "reject")
+    assert HumanResponse.select("r", "pro", metadata=meta) == HumanResponse(
+        "r", "select", "pro", metadata=meta
+    )
+    assert HumanResponse.submit("r", "Hi") == HumanResponse("r", "submit", "Hi")
+    with pytest.raises(runlet.HumanResponseError, match="needs value= a string"):
+        HumanResponse.submit("r", None)  # type: ignore[arg-type]
+
+
+async def test_resumes_with_the_shortcuts() -> None:
+    handler = Refund()
+    model = ScriptedModel(
+        [
+            call("refund", id="call_r", order_id="123"),
+            call("ask_human", id="call_c", kind="choice", prompt="Plan?", options=PLANS),
+            call("ask_human", id="call_i", kind="input", prompt="Name?"),
+            call("refund", id="call_x", order_id="9"),
+            "Done.",
+        ]
+    )
+    rt = runtime()
+    agent = Agent("support", "Help.", model, (refund_tool(handler), ask_human()))
+    result = await interrupt(rt, agent)
+    for build in (
+        lambda rid: HumanResponse.approve(rid, {"order_id": "124"}),
+        lambda rid: HumanResponse.select(rid, "pro"),
+        lambda rid: HumanResponse.submit(rid, "Zoë"),
+        lambda rid: HumanResponse.reject(rid, "Not this one."),
+    ):
+        assert result.interruption is not None
+        result = await resume(rt, agent, result, build(result.interruption.id))
+    assert "Done." == result.output
+    assert [{"order_id": "124"}] == handler.calls
+    assert [
+        ("approve", None),
+        ("select", "pro"),
+        ("submit", "Zoë"),
+        ("reject", "Not this one."),
+    ] == [(d.action, d.value) for d in result.decisions]

@@ -27,7 +27,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
@@ -286,7 +286,7 @@ def _rich_checkpoint() -> Checkpoint:
 def store_conformance_tests(
     factory: StoreFactory,
     *,
-    backends: tuple[str, ...] = ("asyncio", "trio"),
+    backends: tuple[Literal["asyncio", "trio"], ...] = ("asyncio", "trio"),
     second_handle: SecondHandle | None = None,
 ) -> type:
     """A pytest test class that checks a :class:`~runlet.DurableCheckpointStore`.
@@ -307,6 +307,8 @@ def store_conformance_tests(
 
     Raises:
         ImportError: pytest is not installed.
+        ConfigurationError: *backends* is empty or names something other than
+            ``"asyncio"`` and ``"trio"``.
     """
     try:
         import pytest
@@ -315,6 +317,12 @@ def store_conformance_tests(
             "store_conformance_tests() makes pytest tests, so it needs pytest: "
             "pip install pytest, then run the module with pytest."
         ) from exc
+
+    unknown = [backend for backend in backends if backend not in ("asyncio", "trio")]
+    if unknown or not backends:
+        raise ConfigurationError(
+            f"backends must name anyio backends, 'asyncio' and/or 'trio', not {backends!r}."
+        )
 
     class StoreConformance:
         pytestmark = pytest.mark.anyio
@@ -396,7 +404,7 @@ def store_conformance_tests(
                 with pytest.raises(LeaseLostError):
                     await store.record(wrong_id, token, [record])
                 with pytest.raises(LeaseLostError):
-                    await store.resolve(wrong_id, token, sample_resolution(checkpoint))
+                    await store.resolve(wrong_id, token, sample_resolution(checkpoint), None)
                 await store.release(wrong_id, token)
             stored = await store.get("cp_1")
             assert (stored.status, stored.records) == ("claimed", ())
@@ -489,7 +497,7 @@ def store_conformance_tests(
             with pytest.raises(LeaseLostError):
                 await quick.renew("cp_1", old.token)
             with pytest.raises(LeaseLostError):
-                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint))
+                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint), None)
             await quick.release("cp_1", old.token)  # a stale release changes nothing
             await quick.record("cp_1", new.token, [record])
             stored = await quick.get("cp_1")
@@ -527,7 +535,7 @@ def store_conformance_tests(
             checkpoint = sample_checkpoint("cp_1")
             await quick.save(checkpoint)
             claim = await quick.claim("cp_1")
-            await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+            await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint), None)
             with pytest.raises(CheckpointResolvedError):
                 await quick.claim("cp_1")  # even though its lease (0 s) ran out
 
@@ -538,7 +546,7 @@ def store_conformance_tests(
             await store.save(checkpoint)
             claim = await store.claim("cp_1")
             resolution = sample_resolution(checkpoint)
-            await store.resolve("cp_1", claim.token, resolution)
+            await store.resolve("cp_1", claim.token, resolution, None)
             with pytest.raises(LeaseLostError):
                 await store.record("cp_1", claim.token, [_record(checkpoint)])
             with pytest.raises(LeaseLostError):
@@ -549,7 +557,7 @@ def store_conformance_tests(
                 resolved_at=_T0,
             )
             with pytest.raises(LeaseLostError):
-                await store.resolve("cp_1", claim.token, other)
+                await store.resolve("cp_1", claim.token, other, None)
             stored = await store.get("cp_1")
             assert ("resolved", resolution, ()) == (
                 stored.status,
@@ -567,7 +575,7 @@ def store_conformance_tests(
             with pytest.raises(LeaseLostError):
                 await quick.record("cp_1", claim.token, [_record(checkpoint)])
             with pytest.raises(LeaseLostError):
-                await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+                await quick.resolve("cp_1", claim.token, sample_resolution(checkpoint), None)
             assert (await quick.get("cp_1")).status == "cancelled"
 
         async def test_a_write_racing_a_takeover_is_seen_by_the_new_owner_or_refused(
@@ -655,7 +663,7 @@ def store_conformance_tests(
             await store.save(checkpoint)
             claim = await store.claim("cp_1")
             await store.record("cp_1", claim.token, [_record(checkpoint)])
-            await store.resolve("cp_1", claim.token, sample_resolution(checkpoint))
+            await store.resolve("cp_1", claim.token, sample_resolution(checkpoint), None)
             await store.delete("cp_1")
             await store.save(checkpoint)  # the same id again: a new checkpoint
             stored = await store.get("cp_1")
@@ -742,7 +750,7 @@ def store_conformance_tests(
             assert status == "claimed", f"saving a claimed checkpoint again made it {status!r}"
             await store.record("cp_1", claim.token, [_record(checkpoint)])
             resolution = sample_resolution(checkpoint)
-            await store.resolve("cp_1", claim.token, resolution)
+            await store.resolve("cp_1", claim.token, resolution, None)
             await store.save(checkpoint)
             stored = await store.get("cp_1")
             assert (stored.status, stored.resolution) == ("resolved", resolution), (
@@ -865,7 +873,9 @@ def store_conformance_tests(
                 await store.save(sample_checkpoint(name))
             await store.claim("cp_b")
             done = await store.claim("cp_c")
-            await store.resolve("cp_c", done.token, sample_resolution(sample_checkpoint("cp_c")))
+            await store.resolve(
+                "cp_c", done.token, sample_resolution(sample_checkpoint("cp_c")), None
+            )
             await store.cancel("cp_d")
             listed = await store.list_pending()
             assert [p.checkpoint_id for p in listed] == ["cp_a", "cp_b"]
@@ -984,7 +994,7 @@ def store_conformance_tests(
                 await store.save(sample_checkpoint(f"cp_{index}", minute=index))
             last = (await store.list_pending(limit=2))[-1].checkpoint_id
             claim = await store.claim(last)
-            await store.resolve(last, claim.token, sample_resolution(sample_checkpoint(last)))
+            await store.resolve(last, claim.token, sample_resolution(sample_checkpoint(last)), None)
             page = await store.list_pending(limit=2, after=last)
             assert [found.checkpoint_id for found in page] == ["cp_2", "cp_3"]
 
@@ -1070,7 +1080,7 @@ def store_conformance_tests(
             await store.save(checkpoint)
             claim = await store.claim("cp_1")
             resolution = sample_resolution(checkpoint)
-            await store.resolve("cp_1", claim.token, resolution)
+            await store.resolve("cp_1", claim.token, resolution, None)
             stored = await store.get("cp_1")
             assert checkpoint == stored.checkpoint
             assert resolution == stored.resolution
@@ -1213,10 +1223,10 @@ def _with_two_handles(base: type, second_handle: SecondHandle) -> type:
             with pytest.raises(LeaseLostError):
                 await quick.record("cp_1", old.token, [record])
             with pytest.raises(LeaseLostError):
-                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint))
+                await quick.resolve("cp_1", old.token, sample_resolution(checkpoint), None)
             await quick_other.record("cp_1", new.token, [record])
             resolution = sample_resolution(checkpoint)
-            await quick_other.resolve("cp_1", new.token, resolution)
+            await quick_other.resolve("cp_1", new.token, resolution, None)
             stored = await quick.get("cp_1")
             assert ("resolved", (record,), resolution) == (
                 stored.status,

@@ -6,23 +6,32 @@ away fails the check too. Never run, only checked."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from runlet import (
     Agent,
+    CallRecord,
+    Checkpoint,
+    Claim,
+    Decision,
+    DurableCheckpointStore,
     HumanResponse,
     Interrupted,
     Message,
     ModelRequest,
     ModelResponse,
     PendingRequest,
+    Resolution,
     RunResult,
     Runtime,
+    StoredCheckpoint,
     ToolCall,
     ToolContext,
+    ToolSpec,
     unstructure,
 )
-from runlet.testing import call
+from runlet.testing import call, store_conformance_tests
 
 
 async def answer_one(runtime: Runtime, agent: Agent, result: RunResult) -> RunResult:
@@ -97,3 +106,109 @@ def reconfigure(runtime: Runtime) -> None:
     # Read-only: runs would go on using what the runtime was built with.
     runtime.max_turns = 3  # type: ignore[misc]
     runtime.checkpoint_store = None  # type: ignore[misc]
+
+
+# -- handlers may take their arguments as the dict they get ----------------------------------
+
+
+async def normalise(arguments: dict[str, Any], context: ToolContext) -> str:
+    arguments.setdefault("currency", "EUR")  # the handler's own copy
+    return str(arguments)
+
+
+def over_100(arguments: dict[str, Any], context: ToolContext) -> bool:
+    return float(arguments["amount"]) > 100
+
+
+def read_only(arguments: Mapping[str, Any], context: ToolContext) -> str:
+    return str(arguments)
+
+
+def tools_with_dict_handlers() -> list[ToolSpec]:
+    schema: dict[str, Any] = {"type": "object"}
+    return [
+        ToolSpec("pay", "Pay.", schema, normalise, requires_approval=over_100),
+        ToolSpec("look", "Look.", schema, read_only, approval_prompt=lambda a: str(a.pop("x"))),
+    ]
+
+
+# -- the shapes of a response ----------------------------------------------------------------
+
+
+def responses(request_id: str) -> list[HumanResponse]:
+    return [
+        HumanResponse.approve(request_id, {"amount": 5}, responded_by="ops"),
+        HumanResponse.reject(request_id, "Too much."),
+        HumanResponse.select(request_id, "express"),
+        HumanResponse.submit(request_id, "Leave it at the door."),
+        HumanResponse.select(request_id),  # type: ignore[call-arg]
+        HumanResponse.submit(request_id, None),  # type: ignore[arg-type]
+    ]
+
+
+# -- a store written as the store docs show it -----------------------------------------------
+
+
+class DocStore:
+    """The durable protocol with resolve(checkpoint_id, token, resolution, next_checkpoint),
+    no default: Runlet always passes all four."""
+
+    lease: float | None = 60.0
+
+    async def save(self, checkpoint: Checkpoint, /) -> None: ...
+    async def load(self, checkpoint_id: str, /) -> Checkpoint:
+        raise NotImplementedError
+
+    async def delete(self, checkpoint_id: str, /) -> None: ...
+    async def get(self, checkpoint_id: str, /) -> StoredCheckpoint:
+        raise NotImplementedError
+
+    async def claim(self, checkpoint_id: str, /) -> Claim:
+        raise NotImplementedError
+
+    async def renew(self, checkpoint_id: str, token: str, /) -> None: ...
+    async def record(
+        self, checkpoint_id: str, token: str, records: Sequence[CallRecord], /
+    ) -> None: ...
+    async def resolve(
+        self,
+        checkpoint_id: str,
+        token: str,
+        resolution: Resolution,
+        next_checkpoint: Checkpoint | None,
+        /,
+    ) -> None: ...
+    async def release(self, checkpoint_id: str, token: str, /) -> None: ...
+    async def cancel(self, checkpoint_id: str, /) -> None: ...
+    async def list_pending(
+        self,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        agent_name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Sequence[PendingRequest]:
+        raise NotImplementedError
+
+    async def decisions(self, run_id: str, /) -> Sequence[Decision]:
+        raise NotImplementedError
+
+
+def durable(store: DocStore) -> DurableCheckpointStore:
+    return store
+
+
+# -- what unstructure gives back -------------------------------------------------------------
+
+
+def stored_rows(record: CallRecord, resolution: Resolution) -> list[dict[str, Any]]:
+    return [unstructure(record), unstructure(resolution)]
+
+
+def fresh_store(lease: float) -> AbstractAsyncContextManager[DurableCheckpointStore]:
+    raise NotImplementedError
+
+
+def conformance_on_a_typo() -> None:
+    store_conformance_tests(fresh_store, backends=("asyncio", "trio"))
+    store_conformance_tests(fresh_store, backends=("asynco",))  # type: ignore[arg-type]
