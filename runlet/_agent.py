@@ -52,6 +52,14 @@ def _check_name(_: object, __: attrs.Attribute[str], name: object) -> None:
             f"An agent's name must be a non-empty str, not {name!r}: checkpoints record "
             "it, and a resume must be given an agent with the same name."
         )
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError(
+                f"An agent's name must be text, but {name!r} holds a lone surrogate (half "
+                "of a UTF-16 pair), which no database text column can store."
+            ) from None
 
 
 def _check_instructions(_: object, __: attrs.Attribute[str], instructions: object) -> None:

@@ -399,19 +399,30 @@ class Runtime:
                         "input must be a str or a sequence of Message objects; found a "
                         f"{type(message).__name__}. Build messages with Message.user(...)."
                     )
+        run_options, run_metadata = _NO_OPTIONS, {}
         if options is not None or metadata is not None:
-            _check_run_data(options, metadata, self._json_only)
+            try:
+                _check_run_data(options, metadata, self._json_only)
+                # Each run gets its own copies, nested lists and dicts included, so
+                # nothing one run (or its model adapter) does to them reaches another run
+                # or the caller's dicts, and a change the caller makes later does not
+                # reach a checkpoint kept in memory.
+                if options is not None:
+                    run_options = MappingProxyType(own_copy(options))
+                if metadata is not None:
+                    run_metadata = own_copy(metadata)
+            except RecursionError:
+                raise ConfigurationError(
+                    "options or metadata are nested too deeply (hundreds of levels) to be "
+                    "copied or stored; flatten them."
+                ) from None
         return RunState(
             agent=agent,
             run_id=new_id("run"),
             messages=messages,
             transcript=list(messages),
-            # Each run gets its own copies, nested lists and dicts included, so nothing
-            # one run (or its model adapter) does to them reaches another run or the
-            # caller's dicts, and a change the caller makes later does not reach a
-            # checkpoint kept in memory.
-            options=_NO_OPTIONS if options is None else MappingProxyType(own_copy(options)),
-            metadata={} if metadata is None else own_copy(metadata),
+            options=run_options,
+            metadata=run_metadata,
             usage=ZERO_USAGE,
             turns=0,
             emit=emit,

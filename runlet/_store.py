@@ -404,11 +404,18 @@ def check_metadata_filter(metadata: object) -> None:
         )
 
 
+# The longest lease: about 31 years. Longer ones overflow the databases' date arithmetic
+# (PostgreSQL's interval, SQLite's integers); None is the lease that never runs out.
+MAX_LEASE = 1e9
+
+
 def check_lease(lease: object) -> None:
-    """Refuse a lease that is not a non-negative number of seconds (or None)."""
-    if lease is not None and not is_seconds(lease):
+    """Refuse a lease that is not a number of seconds from 0 to :data:`MAX_LEASE` (or
+    None)."""
+    if lease is not None and not (is_seconds(lease) and lease <= MAX_LEASE):  # type: ignore[operator]
         raise ConfigurationError(
-            f"lease must be a non-negative number of seconds (or None), not {lease!r}."
+            f"lease must be a number of seconds from 0 to {MAX_LEASE:g} (about 31 years), or "
+            f"None for a claim that lasts until released, not {lease!r}."
         )
 
 

@@ -127,6 +127,59 @@ def semantics_tests(factory: Factory) -> type:
                 assert (changed, "claimed") == (stored.checkpoint, stored.status)
                 await store.release("cp_1", claim.token)
 
+        @pytest.mark.parametrize("bad", ["cp\ud800", "\udfff", 5, None])
+        async def test_an_id_no_row_can_hold_is_an_unknown_id(self, bad: Any) -> None:
+            # A web request's JSON may carry a lone surrogate ("\\ud800"), or a number
+            # where an id belongs: each store answers as for any unknown id.
+            async with factory(60.0) as store:
+                await store.save(checkpoint())
+                for method in (store.get, store.load, store.claim, store.cancel):
+                    with pytest.raises(CheckpointNotFoundError):
+                        await method(bad)
+                with pytest.raises(CheckpointNotFoundError):
+                    await store.list_pending(after=bad if bad is not None else "nope")
+                for write in (store.renew, store.record, store.resolve):
+                    args = {store.renew: (), store.record: ([],)}.get(write, (None, None))
+                    with pytest.raises(LeaseLostError):
+                        await write(bad, "token", *args)
+                    with pytest.raises(LeaseLostError):
+                        await write("cp_1", bad, *args)
+                await store.release(bad, "token")
+                await store.delete(bad)
+                assert [] == list(await store.decisions(bad))
+                assert [] == list(await store.list_pending(agent_name="agent\ud800"))
+                assert "pending" == (await store.get("cp_1")).status
+
+        async def test_a_limit_beyond_any_table_lists_everything(self) -> None:
+            async with factory(60.0) as store:
+                for name in ("cp_1", "cp_2", "cp_3"):
+                    await store.save(checkpoint(name))
+                for limit in (2**62, 2**63, 10**30):
+                    page = await store.list_pending(limit=limit)
+                    assert ["cp_1", "cp_2", "cp_3"] == [p.checkpoint_id for p in page]
+
+        async def test_a_filter_on_an_int_too_large_for_a_float(self) -> None:
+            async with factory(60.0) as store:
+                await store.save(checkpoint("cp_1", metadata={"n": 10**400}))
+                await store.save(checkpoint("cp_2", metadata={"n": 1}))
+                await store.save(checkpoint("cp_3", metadata={"n": 10**400 + 1}))
+                for wanted, found in (
+                    (10**400, ["cp_1"]),
+                    (-(10**400), []),
+                    (1, ["cp_2"]),
+                    (2**53, []),
+                ):
+                    page = await store.list_pending(metadata={"n": wanted})
+                    assert found == [p.checkpoint_id for p in page], wanted
+
+        async def test_the_longest_lease_holds_a_claim(self) -> None:
+            async with factory(1e9) as store:
+                await store.save(checkpoint())
+                claim = await store.claim("cp_1")
+                with pytest.raises(CheckpointClaimedError):
+                    await store.claim("cp_1")
+                await store.renew("cp_1", claim.token)
+
         async def test_token_writes_on_unknown_checkpoints_lose_the_lease(self) -> None:
             async with factory(60.0) as store:
                 with pytest.raises(LeaseLostError):
@@ -331,6 +384,36 @@ def sql_store_tests(factory: Factory, *, rewind: str) -> type:
 
     @pytest.mark.anyio
     class SQLStoreBehaviour:
+        @pytest.mark.parametrize(
+            ("changes", "path"),
+            [
+                ({"checkpoint_id": "cp\ud800"}, "id"),
+                ({"run_id": "\udc00run"}, "run_id"),
+                ({"agent_name": "support\ud83d"}, "agent_name"),
+            ],
+        )
+        async def test_a_checkpoint_with_a_lone_surrogate_in_an_id_is_refused_by_name(
+            self, changes: dict[str, Any], path: str
+        ) -> None:
+            async with factory(60.0) as store:
+                with pytest.raises(CheckpointSerializationError, match="lone surrogate") as info:
+                    await store.save(checkpoint(**changes))
+                assert info.value.path == path
+                assert await store.list_pending() == []
+
+        async def test_a_record_whose_call_id_has_a_lone_surrogate_is_refused_by_name(
+            self,
+        ) -> None:
+            async with factory(60.0) as store:
+                saved = checkpoint()
+                await store.save(saved)
+                claim = await store.claim("cp_1")
+                odd = CallRecord(tool_call_id="call\ud800", decision=decision(saved))
+                with pytest.raises(CheckpointSerializationError, match="lone surrogate") as info:
+                    await store.record("cp_1", claim.token, [odd])
+                assert info.value.path == "records[0].tool_call_id"
+                assert (await store.get("cp_1")).records == ()
+
         async def test_renew_extends_a_lease_that_ran_out(self) -> None:
             async with factory(60.0) as store:
                 await store.save(checkpoint())

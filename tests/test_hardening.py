@@ -839,6 +839,17 @@ class TestBadArgumentsAreRefusedClearly:
         with pytest.raises(ConfigurationError, match=f"{field} must be a dict"):
             await Runtime().run(agent, "Hi.", **{field: given})
 
+    @pytest.mark.parametrize("field", ["options", "metadata"])
+    async def test_run_options_or_metadata_nested_too_deep(self, field: str) -> None:
+        deep: dict[str, Any] = {}
+        inner = deep
+        for _ in range(3000):
+            inner["x"] = inner = {}
+        model = ScriptedModel(["never asked"])
+        with pytest.raises(ConfigurationError, match="nested too deeply"):
+            await Runtime().run(refund_agent(model), "Hi.", **{field: deep})
+        assert model.requests == []
+
     async def test_non_json_metadata_is_refused_before_a_tool_runs_with_a_sql_store(
         self, tmp_path: Any
     ) -> None:
@@ -879,6 +890,14 @@ class TestBadArgumentsAreRefusedClearly:
     def test_agent_instructions_must_be_text(self) -> None:
         with pytest.raises(ConfigurationError, match="instructions must be a str"):
             Agent("a", None, ScriptedModel(["ok"]))  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("name", ["bill\ud800", "\udfff"])
+    def test_agent_name_with_a_lone_surrogate_is_refused(self, name: str) -> None:
+        # No database text column holds it: the SQL stores failed to save the checkpoint
+        # after the first turn's free tools ran.
+        with pytest.raises(ConfigurationError, match="lone surrogate"):
+            Agent(name, "x", ScriptedModel(["ok"]))
+        assert Agent("bill \U0001f600", "x", ScriptedModel(["ok"])).name == "bill \U0001f600"
 
     @pytest.mark.parametrize("tools", [None, REFUND, "refund", 5])
     def test_agent_tools_must_be_a_list_of_tools(self, tools: Any) -> None:

@@ -99,10 +99,26 @@ class TestInMemoryCheckpointStore:
         assert store.lease is None
         assert "InMemoryCheckpointStore(lease=None)" == repr(store)
 
-    @pytest.mark.parametrize("lease", [-1, "5", float("inf"), True])
+    @pytest.mark.parametrize("lease", [-1, "5", float("inf"), True, 1e9 + 1, 2**63])
     def test_a_bad_lease_is_refused(self, lease: object) -> None:
         with pytest.raises(runlet.ConfigurationError, match="lease"):
             InMemoryCheckpointStore(lease=lease)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+    @pytest.mark.parametrize("lease", [1e9 + 1, 1e13, 2**63])
+    def test_a_lease_beyond_the_databases_date_arithmetic_is_refused(
+        self, kind: str, lease: float
+    ) -> None:
+        # PostgreSQL's interval overflowed at the first claim (1e13 s); SQLite's integers
+        # at 2**63. About 31 years is the longest; None never runs out.
+        if kind == "sqlite":
+            from runlet.stores.sqlite import SQLiteCheckpointStore as Store
+        else:
+            from runlet.stores.postgres import PostgresCheckpointStore as Store
+        where = "never-opened.db" if kind == "sqlite" else "host=127.0.0.1 dbname=never"
+        with pytest.raises(runlet.ConfigurationError, match=r"from 0 to 1e\+09 \(about 31"):
+            Store(where, lease=lease)
+        assert Store(where, lease=1e9).lease == 1e9
 
     async def test_len_and_in_count_only_open_checkpoints(self) -> None:
         store = InMemoryCheckpointStore()

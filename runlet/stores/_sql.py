@@ -17,7 +17,6 @@ done, so no connection is ever left inside a transaction.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -161,16 +160,20 @@ class SQLStore:
         database compares them as Python does. Python checks the rows it returns."""
         raise NotImplementedError
 
-    def _unstorable(self, text: str | None) -> bool:
-        """Whether *text* is a value no row can hold, so a lookup by it finds nothing
-        (and the database is not asked: PostgreSQL refuses such a query)."""
-        return not self._text_holds_nul and text is not None and "\x00" in text
+    def _unstorable(self, text: object) -> bool:
+        """Whether *text* is a value no row can hold (not a string, a lone surrogate, or
+        on PostgreSQL U+0000), so a lookup by it finds nothing and the database is not
+        asked (the drivers refuse such a query)."""
+        if text is None:
+            return False
+        if not isinstance(text, str):
+            return True
+        return (not self._text_holds_nul and "\x00" in text) or _not_utf8(text)
 
     def _params(self, checkpoint: Checkpoint) -> dict[str, Any]:
         """The parameters that save *checkpoint*, after refusing values its text columns
         cannot hold."""
-        if not self._text_holds_nul:
-            _refuse_nul(checkpoint, self._name)
+        _refuse_untextual(checkpoint, self._name, nul=not self._text_holds_nul)
         return _checkpoint_params(checkpoint)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -396,7 +399,8 @@ class SQLStore:
             raise lease_lost(checkpoint_id)
         for index, record in enumerate(records):
             if self._unstorable(record.tool_call_id):
-                raise _nul_error(f"records[{index}].tool_call_id", self._name)
+                path = f"records[{index}].tool_call_id"
+                raise _text_error(path, record.tool_call_id, self._name)
         rows = [
             {
                 "id": checkpoint_id,
@@ -527,8 +531,11 @@ class SQLStore:
                     start = row[0]
                 if prefilter is None:
                     return []
-                params = {"agent_name": agent_name, "limit": limit, **self._filter(*prefilter)}
-                return _pages(conn, self._sql.page, params, start, wanted, limit)
+                # A limit beyond any table's size means "all": the databases' own
+                # integers stop at 2**63.
+                page = min(limit, _ALL)
+                params = {"agent_name": agent_name, "limit": page, **self._filter(*prefilter)}
+                return _pages(conn, self._sql.page, params, start, wanted, page)
 
         return await self._run(work)
 
@@ -649,8 +656,10 @@ def _prefilter(wanted: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]] | 
         if not _indexable(key, value):
             continue
         keys.append(key)
+        # Compared in SQL as a double only where that is exact (an int too large for a
+        # float, say 10**400, is left to Python).
         if isinstance(value, str) or (
-            isinstance(value, (int, float)) and math.isfinite(value) and abs(value) < 2**53
+            isinstance(value, (int, float)) and -(2**53) < value < 2**53 and value == value
         ):
             scalars[key] = value
     return scalars, keys
@@ -698,30 +707,55 @@ def _checkpoint_params(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
-def _refuse_nul(checkpoint: Checkpoint, store: str) -> None:
-    """Refuse a checkpoint whose ids or agent name hold U+0000: they go into text columns
-    (the checkpoint's, and its records' call ids), which cannot hold that character."""
-    if "\x00" in checkpoint.id:
-        raise _nul_error("id", store)
-    if "\x00" in checkpoint.run_id:
-        raise _nul_error("run_id", store)
-    if "\x00" in checkpoint.agent_name:
-        raise _nul_error("agent_name", store, "Give the agent a name without it.")
+# Beyond any table's size; below the 2**63 where SQLite's and PostgreSQL's integers end.
+_ALL = 2**62
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether *text* holds a lone surrogate (a JSON body may carry one: ``"\\ud800"``),
+    which no UTF-8 text column can hold."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _refuse_untextual(checkpoint: Checkpoint, store: str, *, nul: bool) -> None:
+    """Refuse a checkpoint whose ids or agent name its text columns cannot hold (the
+    checkpoint's, and its records' call ids): a lone surrogate, or with *nul* U+0000."""
     last = checkpoint.transcript[-1].tool_calls if checkpoint.transcript else ()
-    for index, call in enumerate(last):
-        if "\x00" in call.id:
-            raise _nul_error(
+    named = [
+        ("id", checkpoint.id, ""),
+        ("run_id", checkpoint.run_id, ""),
+        ("agent_name", checkpoint.agent_name, "Give the agent a name without it."),
+        *(
+            (
                 f"transcript[-1].tool_calls[{index}].id",
-                store,
+                call.id,
                 "The model adapter gave this call id; it must not hold that character.",
             )
+            for index, call in enumerate(last)
+        ),
+    ]
+    for path, text, hint in named:
+        if (nul and "\x00" in text) or _not_utf8(text):
+            raise _text_error(path, text, store, hint)
 
 
-def _nul_error(path: str, store: str, hint: str = "") -> CheckpointSerializationError:
+def _text_error(
+    path: str, text: object, store: str, hint: str = ""
+) -> CheckpointSerializationError:
+    if not isinstance(text, str):
+        what = f"a {type(text).__name__}, not text, which {{store}} cannot store"
+    elif "\x00" in text:
+        what = "the character U+0000, which {store} cannot store (PostgreSQL text cannot hold it)"
+    else:
+        what = "a lone surrogate (half of a UTF-16 pair), which {store} cannot store as text"
     return CheckpointSerializationError(
-        f"{path} holds the character U+0000, which {store} cannot store (PostgreSQL text "
-        f"cannot hold it). {hint}".rstrip(),
-        path=path,
+        f"{path} holds {what.format(store=store)}. {hint}".rstrip(), path=path
     )
 
 
