@@ -140,8 +140,9 @@ class ModelAPIError(ModelError):
         status_code: The HTTP status code.
         body: The API's own error message, as the API worded it.
         api_request_id: The id the API gave the failed request (Anthropic's
-            ``request-id`` header, OpenAI's ``x-request-id``), for the vendor's support;
-            ``None`` when it sent none, or reported the error inside a stream. (Not a
+            ``request-id`` header, OpenAI's ``x-request-id``), for the vendor's support,
+            also for an error reported inside a successful answer or its stream;
+            ``None`` when it sent none. (Not a
             :class:`~runlet.HumanRequest` id, which other errors call ``request_id``.)
     """
 

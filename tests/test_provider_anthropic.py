@@ -1163,3 +1163,102 @@ class TestInterleavedThinking:
 def test_a_base_url_with_a_query_string_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="query string or a fragment"):
         AnthropicModel("claude-sonnet-4-5", base_url="https://proxy.example?key=1", api_key="k")
+
+
+# -- the request id of errors reported in a successful answer -------------------------------
+
+
+class TestRequestIdOfErrorsInAnswers:
+    HEADERS = {"request-id": "req_011CSHoEeqs5C"}
+
+    async def test_in_a_body(self, server: ModelServer) -> None:
+        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=self.HEADERS))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=r"\(request id req_011CSHoEeqs5C\)") as info:
+                await model.complete(ask())
+        assert (info.value.status_code, info.value.api_request_id) == (529, "req_011CSHoEeqs5C")
+        assert info.value.body == "Overloaded"
+
+    async def test_in_a_stream(self, server: ModelServer) -> None:
+        events = (
+            *anthropic_stream("Hello")[:3],
+            sse(error_body("overloaded_error", "Overloaded"), "error"),
+        )
+        server.reply(Reply(events=events, headers=self.HEADERS))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=r"\(request id req_011CSHoEeqs5C\)") as info:
+                await collect(model, ask())
+        assert (info.value.status_code, info.value.api_request_id) == (529, "req_011CSHoEeqs5C")
+
+    async def test_in_a_body_answering_a_stream(self, server: ModelServer) -> None:
+        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=self.HEADERS))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError) as info:
+                await collect(model, ask())
+        assert info.value.api_request_id == "req_011CSHoEeqs5C"
+        assert str(info.value).count("req_011CSHoEeqs5C") == 1
+
+
+# -- an answer cut off while it called tools -------------------------------------------------
+
+
+def _with_stop(events: tuple[str, ...], reason: str) -> tuple[str, ...]:
+    """*events* with the message_delta's stop_reason replaced."""
+    out = []
+    for event in events:
+        if '"message_delta"' in event:
+            event = event.replace('"tool_use"', json.dumps(reason)).replace(
+                '"end_turn"', json.dumps(reason)
+            )
+        out.append(event)
+    return tuple(out)
+
+
+class TestCutOffCalls:
+    @pytest.mark.parametrize("reason", ["max_tokens", "model_context_window_exceeded"])
+    async def test_an_answer_is_refused(self, server: ModelServer, reason: str) -> None:
+        # The API still sends an object for the cut block's input, maybe {}: run as is,
+        # the call would have run with arguments the model never finished.
+        answer = anthropic_message("Refunding.", [("t1", "refund", {})])
+        answer["stop_reason"] = reason
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match=f"stop_reason '{reason}'") as info:
+                await model.complete(ask())
+        assert "'refund'" in str(info.value)
+
+    async def test_a_stream_is_refused(self, server: ModelServer) -> None:
+        events = _with_stop(anthropic_stream("", [("t1", "refund", "")]), "max_tokens")
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="cut off by the token limit"):
+                await collect(model, ask())
+
+    @pytest.mark.parametrize("streamed", [False, True])
+    async def test_cut_off_text_still_completes(self, server: ModelServer, streamed: bool) -> None:
+        if streamed:
+            server.reply(Reply(events=_with_stop(anthropic_stream("Half an ans"), "max_tokens")))
+        else:
+            answer = anthropic_message("Half an ans")
+            answer["stop_reason"] = "max_tokens"
+            server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await (collect(model, ask()) if streamed else model.complete(ask()))
+        final = response[-1] if streamed else response
+        assert final.message.content == "Half an ans"
+
+    async def test_no_tool_runs_and_the_run_fails(self, server: ModelServer) -> None:
+        answer = anthropic_message(None, [("t1", "refund", {})])
+        answer["stop_reason"] = "max_tokens"
+        server.reply(Reply(json=answer))
+        ran: list[Any] = []
+
+        async def refund(arguments: Any, context: Any) -> str:
+            ran.append(arguments)
+            return "refunded"
+
+        tool = ToolSpec("refund", "Refund.", {"type": "object"}, refund)
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError):
+                await Runtime().run(Agent("a", "", model, (tool,)), "Refund it.")
+        assert ran == []

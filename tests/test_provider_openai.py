@@ -367,6 +367,24 @@ class TestErrorsAndRetries:
                 await model.complete(ask())
         assert info.value.api_request_id == "req_8d2c6f0e1a"
 
+    async def test_an_error_in_a_stream_names_the_request_id(self, server: ModelServer) -> None:
+        events = (openai_chunk({"content": "Hi"}), sse({"error": {"message": "server_error"}}))
+        server.reply(Reply(events=events, headers={"x-request-id": "req_8d2c6f0e1a"}))
+        async with make(server) as model:
+            with pytest.raises(ModelAPIError, match=r"\(request id req_8d2c6f0e1a\)") as info:
+                await collect(model, ask())
+        assert info.value.api_request_id == "req_8d2c6f0e1a"
+
+    async def test_an_error_in_a_success_body_names_the_request_id(
+        self, server: ModelServer
+    ) -> None:
+        error = {"error": {"message": "model not loaded", "code": 503}}
+        server.reply(Reply(json=error, headers={"x-request-id": "req_8d2c6f0e1a"}))
+        async with make(server, max_retries=0) as model:
+            with pytest.raises(ModelAPIError) as info:
+                await model.complete(ask())
+        assert (info.value.status_code, info.value.api_request_id) == (503, "req_8d2c6f0e1a")
+
     @pytest.mark.parametrize(
         ("status", "body", "message", "hint"),
         [
@@ -1480,3 +1498,56 @@ class TestThoughtSignatures:
         assert calling["tool_calls"][0]["extra_content"] == {
             "google": {"thought_signature": "CrICAdHt=="}
         }
+
+
+# -- an answer cut off while it called tools -------------------------------------------------
+
+
+class TestCutOffCalls:
+    async def test_an_answer_is_refused(self, server: ModelServer) -> None:
+        # The call's arguments stop at the cut; "" would read as {} and run.
+        answer = openai_completion(None, [("c1", "refund", "")])
+        answer["choices"][0]["finish_reason"] = "length"
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match='finish_reason "length"') as info:
+                await model.complete(ask())
+        assert "'refund'" in str(info.value)
+
+    async def test_a_stream_is_refused(self, server: ModelServer) -> None:
+        events = [
+            openai_chunk({"role": "assistant", "content": None}),
+            openai_chunk(
+                {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "refund"}}]}
+            ),
+            openai_chunk({}, "length"),
+            OPENAI_DONE,
+        ]
+        server.reply(Reply(events=tuple(events)))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="cut off by the token limit"):
+                await collect(model, ask())
+
+    async def test_cut_off_text_still_completes(self, server: ModelServer) -> None:
+        answer = openai_completion("Half an ans")
+        answer["choices"][0]["finish_reason"] = "length"
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask())
+        assert response.message.content == "Half an ans"
+
+    async def test_no_tool_runs_and_the_run_fails(self, server: ModelServer) -> None:
+        answer = openai_completion(None, [("c1", "refund", '{"order_id": "1')])
+        answer["choices"][0]["finish_reason"] = "length"
+        server.reply(Reply(json=answer))
+        ran: list[Any] = []
+
+        async def refund(arguments: Any, context: Any) -> str:
+            ran.append(arguments)
+            return "refunded"
+
+        tool = ToolSpec("refund", "Refund.", {"type": "object"}, refund)
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="no tool of this turn ran"):
+                await Runtime().run(Agent("a", "", model, (tool,)), "Refund it.")
+        assert ran == []

@@ -350,8 +350,32 @@ def _response_error(response: httpx.Response, api: str, attempts: int) -> ModelA
         status,
         _error_message(response),
         attempts=attempts,
-        api_request_id=response.headers.get("request-id") or response.headers.get("x-request-id"),
+        api_request_id=_request_id(response),
     )
+
+
+def _request_id(response: httpx.Response) -> str | None:
+    """The id the API gave the request (Anthropic's ``request-id``, OpenAI's
+    ``x-request-id``), if it sent one."""
+    headers = response.headers
+    found: str | None = headers.get("request-id") or headers.get("x-request-id")
+    return found
+
+
+def _named(error: ModelAPIError, response: httpx.Response) -> ModelAPIError:
+    """*error*, reported in the body of a successful answer (or in its stream), with the
+    id the API gave the request in its headers."""
+    api_request_id = _request_id(response)
+    if error.api_request_id is not None or not api_request_id:
+        return error
+    named = ModelAPIError(
+        f"{error} (request id {api_request_id})",
+        status_code=error.status_code,
+        body=error.body,
+        api_request_id=api_request_id,
+    )
+    named.__traceback__ = error.__traceback__
+    return named
 
 
 def tool_result(message: Message) -> ToolResult:
@@ -621,7 +645,10 @@ class HTTPModel:
                 tool arguments that are not a JSON object).
         """
         response = await self._send(self._encode(request, stream=False), stream=False)
-        return self._parse(parse_json(response.text, self.api))
+        try:
+            return self._parse(parse_json(response.text, self.api))
+        except ModelAPIError as exc:
+            raise _named(exc, response) from exc.__cause__
 
     @asynccontextmanager
     async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelStreamItem]]:
@@ -668,7 +695,7 @@ class HTTPModel:
             data = None
         error = self._error_in(data)
         if error is not None:
-            raise error
+            raise _named(error, response)
         raise ModelResponseError(
             f"The {self.api} server at {self._url} answered a streaming request with "
             f"{media_type or 'no content type'}, not text/event-stream: it does not stream "
@@ -691,6 +718,8 @@ class HTTPModel:
                 if assembler.done:
                     await _read_tail(lines)
                     break
+        except ModelAPIError as exc:  # an error event: the API named the request
+            raise _named(exc, response) from exc.__cause__
         except httpx.TransportError as exc:
             raise ModelConnectionError(
                 f"The {self.api} stream from {self._url} was cut off: {type(exc).__name__}: "

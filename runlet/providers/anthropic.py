@@ -274,6 +274,9 @@ class AnthropicModel(HTTPModel):
                     reasoning.append(_thinking(block["thinking"], signature, len(calls)))
                 elif kind == "redacted_thinking":
                     reasoning.append(_redacted(block["data"], len(calls)))
+            reason = data.get("stop_reason")
+            if calls and isinstance(reason, str) and reason in _CUT_OFF:
+                raise _cut_off(reason, calls[-1].name)
             message = Message.assistant("".join(texts), calls, reasoning=reasoning)
             return ModelResponse(message, _usage(data.get("usage"), Usage(requests=1)))
 
@@ -284,6 +287,23 @@ class AnthropicModel(HTTPModel):
 
     def _assembler(self) -> _Stream:
         return _Stream()
+
+
+# The stop reasons of an answer cut short by a limit, not ended by the model.
+_CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
+def _cut_off(reason: str, name: str) -> ModelResponseError:
+    """The error for an answer that a limit cut off while it called tools: the last
+    call's input may be partial (the API still sends an object, maybe ``{}``), so none of
+    the turn's calls may run."""
+    limit = "context window" if reason == "model_context_window_exceeded" else "token limit"
+    return ModelResponseError(
+        f"The {_API} answer was cut off by the {limit} (stop_reason {reason!r}) while the "
+        f"model was calling tool {name!r}: its input may be incomplete, so no tool of this "
+        "turn ran. Raise max_tokens in the run's options (or shorten the conversation) and "
+        "run again."
+    )
 
 
 # -- requests -----------------------------------------------------------------------------
@@ -475,6 +495,7 @@ class _Stream:
         self._calls: dict[int, _PartialCall] = {}
         self._thinking: dict[int, _PartialThinking] = {}
         self._usage = Usage(requests=1)
+        self._stop: str | None = None
 
     def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
         data = parse_json(event.data, _API)
@@ -488,6 +509,9 @@ class _Stream:
                 return self._delta(data["index"], data["delta"])
             elif kind == "message_delta":
                 self._usage = _usage(data.get("usage"), self._usage)
+                delta = data.get("delta")
+                if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                    self._stop = delta["stop_reason"]
             elif kind == "message_stop":
                 self.done = True
             elif kind == "error":
@@ -548,6 +572,8 @@ class _Stream:
                 f"The {_API} stream ended before message_stop. The partial answer was "
                 "dropped; run again."
             )
+        if self._calls and self._stop in _CUT_OFF:
+            raise _cut_off(self._stop, list(self._calls.values())[-1].name)
         calls = []
         for call in self._calls.values():
             text = "".join(call.arguments)

@@ -248,8 +248,11 @@ class OpenAIChatModel(HTTPModel):
             error = _embedded_error(data)
             if error is not None:
                 raise error
-            message = data["choices"][0]["message"]
+            choice = data["choices"][0]
+            message = choice["message"]
             raw_calls = message.get("tool_calls") or ()
+            if raw_calls and choice.get("finish_reason") == "length":
+                raise _cut_off(raw_calls[-1])
             calls = tuple(_tool_call(call, index) for index, call in enumerate(raw_calls))
             signatures = [_signature(call) for call in raw_calls]
             return ModelResponse(
@@ -401,6 +404,21 @@ def _reasoning(fields: Mapping[str, Any]) -> str:
     return ""
 
 
+def _cut_off(last_call: Any) -> ModelResponseError:
+    """The error for an answer that the token limit cut off while it called tools: the
+    last call's arguments may be partial (even ``""``, which reads as ``{}``), so none of
+    the turn's calls may run."""
+    function = last_call.get("function") if isinstance(last_call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    which = f" {name!r}" if isinstance(name, str) and name else ""
+    return ModelResponseError(
+        f"The {_API} answer was cut off by the token limit (finish_reason \"length\") while "
+        f"the model was calling tool{which}: its arguments may be incomplete, so no tool of "
+        "this turn ran. Raise max_tokens (or max_completion_tokens) in the run's options "
+        "and run again."
+    )
+
+
 def _signature(fields: Any) -> str | None:
     """Gemini's thought signature on a tool call (``extra_content.google``), if any."""
     extra = fields.get("extra_content") if isinstance(fields, dict) else None
@@ -512,6 +530,7 @@ class _Stream:
         self._at: dict[int, _PartialCall] = {}  # the API's own index: the call there now
         self._last: _PartialCall | None = None
         self._usage = Usage(requests=1)
+        self._reason: Any = None
 
     def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
         if event.data.strip() == "[DONE]":
@@ -579,8 +598,10 @@ class _Stream:
                 partial.signature = signature
             partial.arguments.append(arguments)
             items.append(ToolCallDelta(partial.ordinal, call_id or None, name or None, arguments))
-        if choice.get("finish_reason"):
+        reason = choice.get("finish_reason")
+        if reason:
             self._finished = True
+            self._reason = reason
 
     def _new_call(self) -> _PartialCall:
         partial = _PartialCall(len(self._calls))
@@ -593,6 +614,9 @@ class _Stream:
                 f"The {_API} stream ended before the answer was complete (no finish_reason "
                 "and no [DONE]). The partial answer was dropped; run again."
             )
+        if self._calls and self._reason == "length":
+            last = self._calls[-1]
+            raise _cut_off({"function": {"name": last.name}})
         calls = []
         for index, partial in enumerate(self._calls):
             if not partial.name:
