@@ -1168,11 +1168,12 @@ def test_a_base_url_with_a_query_string_is_refused() -> None:
 # -- the request id of errors reported in a successful answer -------------------------------
 
 
-class TestRequestIdOfErrorsInAnswers:
-    HEADERS = {"request-id": "req_011CSHoEeqs5C"}
+_REQUEST_ID = {"request-id": "req_011CSHoEeqs5C"}
 
+
+class TestRequestIdOfErrorsInAnswers:
     async def test_in_a_body(self, server: ModelServer) -> None:
-        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=self.HEADERS))
+        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=_REQUEST_ID))
         async with make(server) as model:
             with pytest.raises(ModelAPIError, match=r"\(request id req_011CSHoEeqs5C\)") as info:
                 await model.complete(ask())
@@ -1184,14 +1185,14 @@ class TestRequestIdOfErrorsInAnswers:
             *anthropic_stream("Hello")[:3],
             sse(error_body("overloaded_error", "Overloaded"), "error"),
         )
-        server.reply(Reply(events=events, headers=self.HEADERS))
+        server.reply(Reply(events=events, headers=_REQUEST_ID))
         async with make(server) as model:
             with pytest.raises(ModelAPIError, match=r"\(request id req_011CSHoEeqs5C\)") as info:
                 await collect(model, ask())
         assert (info.value.status_code, info.value.api_request_id) == (529, "req_011CSHoEeqs5C")
 
     async def test_in_a_body_answering_a_stream(self, server: ModelServer) -> None:
-        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=self.HEADERS))
+        server.reply(Reply(json=error_body("overloaded_error", "Overloaded"), headers=_REQUEST_ID))
         async with make(server) as model:
             with pytest.raises(ModelAPIError) as info:
                 await collect(model, ask())

@@ -412,7 +412,7 @@ def _cut_off(last_call: Any) -> ModelResponseError:
     name = function.get("name") if isinstance(function, dict) else None
     which = f" {name!r}" if isinstance(name, str) and name else ""
     return ModelResponseError(
-        f"The {_API} answer was cut off by the token limit (finish_reason \"length\") while "
+        f'The {_API} answer was cut off by the token limit (finish_reason "length") while '
         f"the model was calling tool{which}: its arguments may be incomplete, so no tool of "
         "this turn ran. Raise max_tokens (or max_completion_tokens) in the run's options "
         "and run again."
