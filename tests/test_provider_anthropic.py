@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import httpx
 import pytest
 from _http_server import ModelServer, Reply, sse
 from _wire import (
@@ -1263,3 +1264,77 @@ class TestCutOffCalls:
             with pytest.raises(ModelResponseError):
                 await Runtime().run(Agent("a", "", model, (tool,)), "Refund it.")
         assert ran == []
+
+
+@pytest.mark.parametrize("agent_tools", [True, False])
+async def test_extra_body_tools_go_beside_the_agent_tools(agent_tools: bool) -> None:
+    # Anthropic's web search is declared in the request; the agent's tools must stay.
+    bodies: list[Any] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=anthropic_message("ok"))
+
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+    tools = (ToolSpec("lookup", "Look up.", {"type": "object"}, _noop),) if agent_tools else ()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(api)) as client:
+        model = AnthropicModel(
+            "claude-x", api_key="k", http_client=client, extra_body={"tools": [search]}
+        )
+        await Runtime().run(Agent("a", "", model, tools), "Who won?")
+    sent = bodies[0]["tools"]
+    assert [tool.get("name") for tool in sent] == (
+        ["lookup", "web_search"] if agent_tools else ["web_search"]
+    )
+    assert sent[-1] == search
+
+
+async def _noop(arguments: Any, context: Any) -> str:
+    return "nothing"  # pragma: no cover - never called
+
+
+# -- text blocks that another block separated ----------------------------------------------
+
+_SEARCHED = [
+    {"type": "text", "text": "I'll search for it."},
+    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"q": "x"}},
+    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+    {"type": "text", "text": "Based on the results, "},
+    {"type": "text", "text": "he was born in 1916", "citations": [{"type": "x"}]},
+    {"type": "text", "text": "."},
+    {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search", "input": {"q": "y"}},
+    {"type": "text", "text": "\nDone."},
+]
+_JOINED = "I'll search for it.\n\nBased on the results, he was born in 1916.\nDone."
+
+
+async def test_text_blocks_a_server_tool_separated_are_paragraphs(server: ModelServer) -> None:
+    answer = anthropic_message()
+    answer["content"] = _SEARCHED
+    server.reply(Reply(json=answer))
+    async with make(server) as model:
+        response = await model.complete(ask())
+    assert response.message.content == _JOINED
+
+
+async def test_streamed_text_blocks_a_server_tool_separated_are_paragraphs(
+    server: ModelServer,
+) -> None:
+    events = [anthropic_stream("x")[0]]
+    for index, block in enumerate(_SEARCHED):
+        start = {**block, "text": ""} if block["type"] == "text" else block
+        events.append(
+            anthropic_event({"type": "content_block_start", "index": index, "content_block": start})
+        )
+        if block["type"] == "text":
+            delta = {"type": "text_delta", "text": block["text"]}
+            events.append(
+                anthropic_event({"type": "content_block_delta", "index": index, "delta": delta})
+            )
+        events.append(anthropic_event({"type": "content_block_stop", "index": index}))
+    events += anthropic_stream("x")[-2:]
+    server.reply(Reply(events=tuple(events)))
+    async with make(server) as model:
+        items = await collect(model, ask())
+    assert "".join(item.text for item in items[:-1] if isinstance(item, TextDelta)) == _JOINED
+    assert items[-1].message.content == _JOINED

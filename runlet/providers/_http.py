@@ -736,7 +736,12 @@ class HTTPModel:
     # -- sending with retries -----------------------------------------------------------
 
     def _encode(self, request: ModelRequest, *, stream: bool) -> bytes:
-        body = {**self._body(request, stream=stream), **self._extra_body}
+        own = self._body(request, stream=stream)
+        body = {**own, **self._extra_body}
+        extra_tools = self._extra_body.get("tools")
+        if "tools" in own and isinstance(extra_tools, list):
+            # The vendor's own tools (Anthropic's web search, say) go beside the agent's.
+            body["tools"] = [*own["tools"], *extra_tools]
         try:
             text = json.dumps(body, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:

@@ -136,7 +136,9 @@ class AnthropicModel(HTTPModel):
         retry_deadline: Instead of *retry*: its ``deadline``.
         anthropic_version: The ``anthropic-version`` header.
         headers: Extra HTTP headers for every request (e.g. ``anthropic-beta``).
-        extra_body: Extra JSON fields for every request body; they win over options.
+        extra_body: Extra JSON fields for every request body; they win over options,
+            except a ``tools`` list, which goes beside the agent's tools (for the
+            vendor's own tools) rather than in their place.
         prompt_caching: Mark the system prompt and the tool definitions as cacheable
             (a ``cache_control`` breakpoint on the system prompt and on the last tool),
             so later requests read them from the prompt cache.
@@ -261,11 +263,18 @@ class AnthropicModel(HTTPModel):
             texts: list[str] = []
             calls: list[ToolCall] = []
             reasoning: list[ReasoningPart] = []
+            between = False  # another block came since the last text
             for block in data["content"]:
                 kind = block["type"]
                 if kind == "text":
-                    texts.append(block["text"])
-                elif kind == "tool_use":
+                    text = block["text"]
+                    if between and text and _apart(texts, text):
+                        texts.append(_PARAGRAPH)
+                    texts.append(text)
+                    between = False
+                    continue
+                between = bool(texts)
+                if kind == "tool_use":
                     name = call_text(block.get("name"), "name", _API)
                     call_id = call_text(block.get("id"), "id", _API)
                     calls.append(ToolCall(call_id, name, _input(block.get("input"), name)))
@@ -287,6 +296,18 @@ class AnthropicModel(HTTPModel):
 
     def _assembler(self) -> _Stream:
         return _Stream()
+
+
+# Between two text blocks that another block separated (a server tool's search and its
+# results, say), so the answer does not run "...policy.Based on the results": text blocks
+# next to each other (a sentence split by its citations) are joined as they are.
+_PARAGRAPH = "\n\n"
+
+
+def _apart(texts: list[str], text: str) -> bool:
+    """Whether *text*, after another block, needs a paragraph break from *texts*."""
+    before = "".join(texts)
+    return bool(before) and not before[-1].isspace() and not text[0].isspace()
 
 
 # The stop reasons of an answer cut short by a limit, not ended by the model.
@@ -496,6 +517,7 @@ class _Stream:
         self._thinking: dict[int, _PartialThinking] = {}
         self._usage = Usage(requests=1)
         self._stop: str | None = None
+        self._between = False  # another block came since the last text
 
     def feed(self, event: ServerSentEvent) -> list[ModelStreamItem]:
         data = parse_json(event.data, _API)
@@ -521,6 +543,9 @@ class _Stream:
 
     def _start(self, index: int, block: Mapping[str, Any]) -> list[ModelStreamItem]:
         kind = block["type"]
+        if kind == "text":
+            return self._add_text(block.get("text"))
+        self._between = bool(self._text)
         if kind == "tool_use":
             call = _PartialCall(
                 len(self._calls),
@@ -530,9 +555,6 @@ class _Stream:
             )
             self._calls[index] = call
             return [ToolCallDelta(call.ordinal, call.id, call.name)]
-        if kind == "text" and block.get("text"):
-            self._text.append(block["text"])
-            return [TextDelta(block["text"])]
         if kind == "redacted_thinking":
             self._thinking[index] = _PartialThinking(redacted_data=block["data"])
         elif kind == "thinking":
@@ -543,8 +565,7 @@ class _Stream:
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[ModelStreamItem]:
         kind = delta["type"]
         if kind == "text_delta":
-            self._text.append(delta["text"])
-            return [TextDelta(delta["text"])]
+            return self._add_text(delta["text"])
         if kind == "input_json_delta":
             call = self._calls.get(index)
             if call is None:  # the input of a block run by the server (server_tool_use)
@@ -556,6 +577,18 @@ class _Stream:
         if kind == "signature_delta":
             return self._think(self._thinking[index], None, delta["signature"])
         return []  # citations and delta types added later: not part of a Runlet message
+
+    def _add_text(self, text: Any) -> list[ModelStreamItem]:
+        if not text:
+            return []
+        items: list[ModelStreamItem] = []
+        if self._between and _apart(self._text, text):
+            self._text.append(_PARAGRAPH)
+            items.append(TextDelta(_PARAGRAPH))
+        self._between = False
+        self._text.append(text)
+        items.append(TextDelta(text))
+        return items
 
     @staticmethod
     def _think(thinking: _PartialThinking, text: Any, signature: Any) -> list[ModelStreamItem]:

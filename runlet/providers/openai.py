@@ -159,7 +159,9 @@ class OpenAIChatModel(HTTPModel):
         retry_max_delay: Instead of *retry*: its ``max_delay``.
         retry_deadline: Instead of *retry*: its ``deadline``.
         headers: Extra HTTP headers for every request (e.g. ``OpenAI-Organization``).
-        extra_body: Extra JSON fields for every request body; they win over options.
+        extra_body: Extra JSON fields for every request body; they win over options,
+            except a ``tools`` list, which goes beside the agent's tools (for the
+            vendor's own tools) rather than in their place.
         stream_usage: Ask for token usage at the end of a stream
             (``stream_options.include_usage``). Turn it off for a server that rejects it.
         send_reasoning: Whether to send a turn's reasoning back, as ``reasoning_content``
