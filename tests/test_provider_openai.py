@@ -308,13 +308,55 @@ class TestComplete:
         assert "sk-env" not in repr(model)
 
 
+@pytest.mark.parametrize("thinking", ["Two and two.", [{"type": "text", "text": "Two and two."}]])
+async def test_answer_content_as_chunks(server: ModelServer, thinking: Any) -> None:
+    # Mistral's reasoning models (Magistral) answer with content as typed chunks.
+    answer = openai_completion("x")
+    answer["choices"][0]["message"]["content"] = [
+        {"type": "thinking", "thinking": thinking},
+        {"type": "text", "text": "Four."},
+        {"type": "image_url", "image_url": "data:..."},
+    ]
+    server.reply(Reply(json=answer))
+    async with make(server) as model:
+        response = await model.complete(ask())
+    assert response.message == Message.assistant(
+        "Four.", reasoning=[ReasoningPart("Two and two.", provider="openai")]
+    )
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_custom_tool_call_is_refused_with_a_reason(
+    server: ModelServer, streamed: bool
+) -> None:
+    call_ = {"id": "c1", "type": "custom", "custom": {"name": "grep", "input": "x"}}
+    if streamed:
+        server.reply(
+            Reply(
+                events=(
+                    openai_chunk({"tool_calls": [{"index": 0, **call_}]}),
+                    openai_chunk({}, "tool_calls"),
+                    OPENAI_DONE,
+                )
+            )
+        )
+    else:
+        answer = openai_completion(None)
+        answer["choices"][0]["message"]["tool_calls"] = [call_]
+        server.reply(Reply(json=answer))
+    async with make(server) as model:
+        with pytest.raises(ModelResponseError, match="of type 'custom'; Runlet runs function"):
+            await (collect(model, ask()) if streamed else model.complete(ask()))
+
+
 class TestMalformedAnswers:
     @pytest.mark.parametrize(
         ("reply", "match"),
         [
             (Reply(raw=b"<html>not json"), "not valid JSON"),
             (Reply(json={"choices": []}), "documented shape"),
-            (Reply(json={"choices": [{"message": {"content": ["a"]}}]}), "not text"),
+            (Reply(json={"choices": [{"message": {"content": 5}}]}), "not text"),
+            (Reply(json={"choices": [{"message": {"content": ["a"]}}]}), "not content chunks"),
             (Reply(json={"choices": [{"message": ["a"]}]}), "documented shape"),
             (
                 Reply(json=openai_completion(None, [("c1", "weather", '{"city": "Os')])),
@@ -926,12 +968,34 @@ class TestStreaming:
             OpenAIChatModel("gpt-4o", base_url=base_url, api_key="k")
 
     async def test_stream_content_that_is_not_text(self, server: ModelServer) -> None:
-        # Some servers (Mistral's reasoning models) stream content as a list of parts.
-        parts = [{"type": "text", "text": "Hi"}]
-        server.reply(Reply(events=(openai_chunk({"content": parts}, "stop"), sse("[DONE]"))))
+        server.reply(Reply(events=(openai_chunk({"content": ["Hi"]}, "stop"), sse("[DONE]"))))
         async with make(server) as model:
-            with pytest.raises(ModelResponseError, match="content as a list, not text"):
+            with pytest.raises(ModelResponseError, match="list holding a str, not content"):
                 await collect(model, ask())
+
+    async def test_stream_content_as_chunks(self, server: ModelServer) -> None:
+        # Mistral's reasoning models (Magistral) stream content as typed chunks.
+        thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Two and two."}]}
+        events = (
+            openai_chunk({"role": "assistant", "content": [thinking]}),
+            openai_chunk({"content": [{"type": "text", "text": "Fo"}]}),
+            openai_chunk({"content": [{"type": "reference", "reference_ids": [1]}]}),
+            openai_chunk({"content": "ur."}, "stop"),
+            sse("[DONE]"),
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            items = await collect(model, ask())
+        assert [type(item).__name__ for item in items[:-1]] == [
+            "ReasoningDelta",
+            "TextDelta",
+            "TextDelta",
+        ]
+        final = items[-1].message
+        assert (final.content, final.reasoning) == (
+            "Four.",
+            (ReasoningPart("Two and two.", provider="openai"),),
+        )
 
     async def test_stream_retries_before_the_first_byte(self, server: ModelServer) -> None:
         server.reply(

@@ -257,9 +257,10 @@ class OpenAIChatModel(HTTPModel):
                 raise _cut_off(raw_calls[-1])
             calls = tuple(_tool_call(call, index) for index, call in enumerate(raw_calls))
             signatures = [_signature(call) for call in raw_calls]
+            text, thought = _content(message)
             return ModelResponse(
                 Message.assistant(
-                    _text(message), calls, reasoning=_parts(_reasoning(message), signatures)
+                    text, calls, reasoning=_parts(_reasoning(message) or thought, signatures)
                 ),
                 _usage(data.get("usage")),
             )
@@ -441,15 +442,48 @@ def _parts(reasoning: str, signatures: Sequence[str | None]) -> list[ReasoningPa
     return parts
 
 
-def _text(message: Mapping[str, Any]) -> str:
+def _content(message: Mapping[str, Any]) -> tuple[str, str]:
+    """The answer's text, and the reasoning its content chunks held (if it came as a
+    list of chunks)."""
     # A refusal is the model's whole answer, so it is the text the run reports.
     text = message.get("content") or message.get("refusal") or ""
+    if isinstance(text, list):
+        return _chunks(text, "answer")
     if not isinstance(text, str):
         raise ModelResponseError(
             f"The {_API} answer's message content is a {type(text).__name__}, not text. "
             f"Check that the server really implements the {_API} API."
         )
-    return text
+    return text, ""
+
+
+def _chunks(parts: list[Any], where: str) -> tuple[str, str]:
+    """The text and the reasoning of content sent as a list of typed chunks, as Mistral's
+    reasoning models send it (``text`` chunks, and ``thinking`` chunks that hold text
+    chunks); other kinds of chunk (references, images) carry nothing Runlet keeps."""
+    text: list[str] = []
+    thought: list[str] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            raise ModelResponseError(
+                f"The {_API} {where} sent message content as a list holding a "
+                f"{type(part).__name__}, not content chunks. Check that the server really "
+                f"implements the {_API} API."
+            )
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            text.append(part["text"])
+        elif kind == "thinking":
+            thinking = part.get("thinking")
+            if isinstance(thinking, str):
+                thought.append(thinking)
+            elif isinstance(thinking, list):
+                thought.extend(
+                    item["text"]
+                    for item in thinking
+                    if isinstance(item, dict) and isinstance(item.get("text"), str)
+                )
+    return "".join(text), "".join(thought)
 
 
 def _call_id(value: Any, index: int) -> str:
@@ -460,11 +494,22 @@ def _call_id(value: Any, index: int) -> str:
 
 
 def _tool_call(call: Mapping[str, Any], index: int) -> ToolCall:
+    _check_call_type(call.get("type"), "answer", index)
     function = call["function"]
     name = call_text(function.get("name"), "name", _API)
     text = _arguments_text(function.get("arguments"), "answer", index)
     arguments = parse_arguments(text, name, _API)
     return ToolCall(_call_id(call.get("id"), index), name, arguments)
+
+
+def _check_call_type(kind: Any, where: str, ordinal: int) -> None:
+    """Refuse a tool call of a type other than ``function`` (a ``custom`` tool declared
+    through ``extra_body``): Runlet runs function tools only."""
+    if kind is not None and kind != "function":
+        raise ModelResponseError(
+            f"The {_API} {where} holds tool call {ordinal} of type {kind!r}; Runlet runs "
+            "function tools only. Declare the tool as a ToolSpec rather than in extra_body."
+        )
 
 
 def _arguments_text(value: Any, where: str, ordinal: int) -> str:
@@ -560,6 +605,11 @@ class _Stream:
             self._reasoning.append(reasoning)
             items.append(ReasoningDelta(reasoning))
         text = delta.get("content") or delta.get("refusal")
+        if isinstance(text, list):  # chunks: Mistral's reasoning models
+            text, thought = _chunks(text, "stream")
+            if thought:
+                self._reasoning.append(thought)
+                items.append(ReasoningDelta(thought))
         if text:
             if not isinstance(text, str):
                 raise ModelResponseError(
@@ -588,6 +638,7 @@ class _Stream:
                 ):
                     partial = self._at[index] = self._new_call()
             self._last = partial
+            _check_call_type(piece.get("type"), "stream", partial.ordinal)
             function = piece.get("function") or {}
             name = function.get("name")
             arguments = _arguments_text(function.get("arguments"), "stream", partial.ordinal)
