@@ -134,26 +134,34 @@ async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
     """Relay a run's stream as server-sent events, and stop the run if the client goes
     away. An error before the first event is raised (to ``App.__call__``, which answers
     with its status) instead of starting a stream."""
-    refused: RunletError | None = None
+    started: list[bool] = []
+    relayed: list[RunletError | None] = []
     async with anyio.create_task_group() as group:
         group.start_soon(cancel_when_gone, receive, group.cancel_scope)
-        refused = await relay(send, stream)
+        relayed.append(await relay(send, stream, started))
         group.cancel_scope.cancel()  # done: stop watching
-    if refused is not None:
-        raise refused
+    if not relayed:  # the client went away: the run was stopped, nobody reads the rest
+        return
+    if relayed[0] is not None:
+        raise relayed[0]
+    # The response ends only now that nothing waits on receive(): ended while a task
+    # still did, hypercorn's trio worker never closed a `Connection: close` response.
+    if not started:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def relay(send: Send, stream: RunStream) -> RunletError | None:
+async def relay(send: Send, stream: RunStream, started: list[bool]) -> RunletError | None:
     """Send each event from inside the stream's `async with` block: nothing is yielded,
     so the block is always left here, in this task. The response head waits for the
-    first event; an error before it is returned, one after it becomes an error event."""
-    started = False
+    first event (*started* records it); an error before it is returned, one after it
+    becomes an error event."""
     async with stream:
         try:
             async for event in stream:
                 if not started:
                     await send({"type": "http.response.start", "status": 200, "headers": SSE})
-                    started = True
+                    started.append(True)
                 body = server_sent_event(unstructure_event(event))
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         except RunletError as error:
@@ -161,9 +169,6 @@ async def relay(send: Send, stream: RunStream) -> RunletError | None:
                 return error
             body = server_sent_event(error_body(error))
             await send({"type": "http.response.body", "body": body, "more_body": True})
-    if not started:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
     return None
 
 
