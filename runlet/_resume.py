@@ -26,6 +26,7 @@ every record. With a plain three-method :class:`~runlet.CheckpointStore` steps 2
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
@@ -153,6 +154,8 @@ async def _resume(
     # 2. Claim. A caller cancelled by now claims nothing and runs nothing, even where no
     # step below would yield (the in-memory store, a model and tools that never wait).
     await anyio.lowlevel.checkpoint_if_cancelled()
+    lease = durable_store.lease
+    claimed_after = anyio.current_time() if lease else 0.0  # the store's lease starts later
     try:
         claim = await durable_store.claim(checkpoint_id)
     except CheckpointResolvedError as exc:  # another resume finished in between
@@ -164,6 +167,7 @@ async def _resume(
     token = claim.token
     deferred: list[Checkpoint] = []
     in_memory = type(durable_store) is InMemoryCheckpointStore
+    held = _Held(durable_store, checkpoint_id, token, lease, claimed_after) if lease else None
     try:
         record: Record = partial(durable_store.record, checkpoint_id, token)
         record_result = record
@@ -185,10 +189,10 @@ async def _resume(
             emit,
             trace,
             record_result,
+            held,
         )
-        lease = durable_store.lease
-        if lease:
-            result, decided = await _holding_lease(durable_store, checkpoint_id, token, lease, work)
+        if held is not None:
+            result, decided = await _holding_lease(held, work)
         else:
             result, decided = await work
         # 6. Resolve: the outcome and the next checkpoint, atomically.
@@ -206,7 +210,11 @@ async def _resume(
         if in_memory:
             await durable_store.release(checkpoint_id, token)
         else:
-            await to_the_end(partial(durable_store.release, checkpoint_id, token))
+            # What stopped the resume is what the caller must see, not a failure to give
+            # the claim back (a store closed by a shutting-down server, a lost database):
+            # the claim then runs out with its lease.
+            with contextlib.suppress(Exception):
+                await to_the_end(partial(durable_store.release, checkpoint_id, token))
         raise
     if trace is not None and next_checkpoint is not None:  # saved by the resolve
         trace.interrupted(next_checkpoint)
@@ -243,7 +251,8 @@ async def _resume_plain(
         # second time, then go on being cancelled. A delete does nothing for a checkpoint
         # that is gone, so doing it twice is safe; protecting every delete up front would
         # cost each resume a task.
-        await to_the_end(partial(store.delete, checkpoint_id))
+        with contextlib.suppress(Exception):  # the cancellation is what the caller sees
+            await to_the_end(partial(store.delete, checkpoint_id))
         raise
     return result
 
@@ -463,11 +472,13 @@ async def _continue(
     emit: Emit | None = None,
     trace: RunTrace | None = None,
     record_result: Record | None = None,
+    held: _Held | None = None,
 ) -> tuple[RunResult, tuple[Decision, ...]]:
     """Steps 3-5: record the decisions (with *record*), run the approved calls (recording
-    each result with *record_result*, by default *record*), then interrupt for what is
-    left or continue the run. Returns the result and this checkpoint's decisions, oldest
-    first (those an earlier attempt recorded, then this one's in call order)."""
+    each result with *record_result*, by default *record*; each only while *held*, the
+    claim, still holds), then interrupt for what is left or continue the run. Returns the
+    result and this checkpoint's decisions, oldest first (those an earlier attempt
+    recorded, then this one's in call order)."""
     # The common case (a first attempt, nothing answered beside it) skips the building.
     earlier = {known.tool_call_id: known for known in records} if records else {}
     expiring = bool(earlier) and all(answer.action == "expire" for answer in answers.values())
@@ -535,13 +546,13 @@ async def _continue(
     if record_result is None:
         record_result = record
     if len(to_run) == 1:  # 4. run the approved calls, recording each result
-        await _run_approved(run, *to_run[0], results, record_result)
+        await _run_approved(run, *to_run[0], results, record_result, held)
     elif to_run:
         # A failure (a lost lease, a store error) stops the others and is raised as
         # itself, as with one call, not wrapped in an exception group.
         await side_by_side(
             [
-                partial(_run_approved, run, call, decision, results, record_result)
+                partial(_run_approved, run, call, decision, results, record_result, held)
                 for call, decision in to_run
             ]
         )
@@ -596,8 +607,11 @@ async def _run_approved(
     decision: Decision,
     results: dict[str, ToolResult],
     record: Record | None,
+    held: _Held | None = None,
 ) -> None:
     tool = run.agent._by_name[call.name]
+    if held is not None:
+        await held.check()  # never start an approved handler under a lost claim
     result = await run_tool(
         run, call, tool, call.arguments, report=False, announce=False, edited=decision.edited
     )
@@ -615,15 +629,48 @@ async def _record_to_the_end(record: Record, records: Sequence[CallRecord]) -> N
     await to_the_end(partial(record, records))
 
 
+class _Held:
+    """The claim a resume holds, and until when it surely holds by this process's clock:
+    the store started the lease after *claimed_after*, and restarts it after each
+    renewal began."""
+
+    __slots__ = ("checkpoint_id", "lease", "store", "token", "until")
+
+    def __init__(
+        self,
+        store: DurableCheckpointStore,
+        checkpoint_id: str,
+        token: str,
+        lease: float,
+        claimed_after: float,
+    ) -> None:
+        self.store = store
+        self.checkpoint_id = checkpoint_id
+        self.token = token
+        self.lease = lease
+        self.until = claimed_after + lease
+
+    async def renew(self) -> None:
+        began = anyio.current_time()
+        await self.store.renew(self.checkpoint_id, self.token)
+        self.until = began + self.lease
+
+    async def check(self) -> None:
+        """Make sure the claim holds before an approved handler starts. Renewals come
+        every third of the lease; one overdue by a third more means this process was
+        paused or its event loop blocked (a VM freeze, a long GC pause), long enough for
+        the lease to run out and another resume to take over and run the call. Renewing
+        now says which: :class:`~runlet.LeaseLostError` if the claim is gone."""
+        if anyio.current_time() >= self.until - self.lease / 3:
+            await self.renew()
+
+
 async def _holding_lease(
-    store: DurableCheckpointStore,
-    checkpoint_id: str,
-    token: str,
-    lease: float,
-    work: Awaitable[tuple[RunResult, tuple[Decision, ...]]],
+    held: _Held, work: Awaitable[tuple[RunResult, tuple[Decision, ...]]]
 ) -> tuple[RunResult, tuple[Decision, ...]]:
     """Await *work* while a background task renews the claim every third of the lease;
     if the claim is lost, stop the work and raise :class:`~runlet.LeaseLostError`."""
+    lease = held.lease
     lost: list[LeaseLostError] = []
     outcome: list[tuple[RunResult, tuple[Decision, ...]]] = []
     failure: list[BaseException] = []
@@ -639,7 +686,7 @@ async def _holding_lease(
                 return
             renewing[0] = True
             try:
-                await store.renew(checkpoint_id, token)
+                await held.renew()
             except LeaseLostError as exc:
                 lost.append(exc)
                 scope.cancel()

@@ -346,6 +346,13 @@ class Runtime:
         :class:`~runlet.CheckpointStore` the checkpoint is deleted instead (a resume then
         raises :class:`~runlet.CheckpointNotFoundError`).
 
+        It retires the checkpoint whatever its records say, also when an earlier resume
+        recorded an approval and died inside that call's handler: the call may have
+        acted, and nobody is asked about it again. Where that matters, look first
+        (``(await store.get(checkpoint_id)).records``: an approved record without a
+        result), or use :meth:`expire`, which asks a person about such a call again
+        (``outcome_unknown``, at the next checkpoint) instead of dropping it.
+
         Raises:
             CheckpointStoreRequiredError: The runtime has no store.
             CheckpointNotFoundError: No such checkpoint.

@@ -2699,3 +2699,103 @@ async def test_an_approval_prompt_function_gets_its_own_arguments() -> None:
     assert first.interruption.prompt == "Ship them?"
     assert dict(first.interruption.tool_call.arguments) == {"items": ["b", "a"]}
     assert dict(first.transcript[1].tool_calls[0].arguments) == {"items": ["b", "a"]}
+
+
+# --- A paused process never starts an approved handler under a lost claim ---------------
+
+
+class PausedAfterDeciding(InMemoryCheckpointStore):
+    """Stands in for a process paused (SIGSTOP, a VM freeze) right after it stored the
+    decisions: its clock jumps past the lease and, when *taken_over*, another resume
+    has claimed the checkpoint meanwhile."""
+
+    def __init__(self, clock_jump: list[float], *, taken_over: bool) -> None:
+        super().__init__(lease=30.0)
+        self.clock_jump = clock_jump
+        self.taken_over = taken_over
+        self.renewals = 0
+
+    async def record(self, checkpoint_id: str, token: str, records: Any) -> None:
+        await super().record(checkpoint_id, token, records)
+        if any(r.result is None for r in records) and not self.clock_jump[0]:
+            self.clock_jump[0] = 31.0  # the pause outlasted the lease
+            if self.taken_over:
+                await self.release(checkpoint_id, token)
+                await self.claim(checkpoint_id)  # the other process's claim
+
+    async def renew(self, checkpoint_id: str, token: str) -> None:
+        self.renewals += 1
+        await super().renew(checkpoint_id, token)
+
+
+@pytest.fixture
+def clock_jump(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    jump = [0.0]
+    real = anyio.current_time
+    monkeypatch.setattr(anyio, "current_time", lambda: real() + jump[0])
+    return jump
+
+
+async def test_a_resume_paused_past_its_lease_does_not_run_the_approved_call(
+    clock_jump: list[float],
+) -> None:
+    store = PausedAfterDeciding(clock_jump, taken_over=True)
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    with pytest.raises(runlet.LeaseLostError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert payments.attempts == []  # the new owner decides; this one ran nothing
+    assert store.renewals == 1
+
+
+async def test_a_resume_paused_but_not_taken_over_renews_and_goes_on(
+    clock_jump: list[float],
+) -> None:
+    store = PausedAfterDeciding(clock_jump, taken_over=False)
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert (result.output, len(payments.attempts), store.renewals) == ("Done.", 1, 1)
+
+
+async def test_a_resume_on_time_does_not_renew_before_the_handler(
+    clock_jump: list[float],
+) -> None:
+    store = PausedAfterDeciding(clock_jump, taken_over=False)
+    store.clock_jump = [1.0]  # never jumps
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert (len(payments.attempts), store.renewals) == (1, 0)
+
+
+class ClosedBeforeRelease(InMemoryCheckpointStore):
+    """A store a shutting-down server closed while a resume ran: giving the claim back
+    fails (the claim then runs out with its lease)."""
+
+    async def release(self, checkpoint_id: str, token: str) -> None:
+        raise runlet.ConfigurationError("This store is not open.")
+
+
+async def test_a_failed_release_does_not_hide_why_the_resume_stopped() -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, _, _, first = await refund_run(
+        store=ClosedBeforeRelease(lease=30.0), script=[down, "Done."]
+    )
+    with pytest.raises(runlet.ModelError, match="model is down"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
+async def test_a_failed_release_does_not_hide_a_cancellation() -> None:
+    rt, agent, payments, _, first = await refund_run(
+        store=ClosedBeforeRelease(lease=30.0), script=["Done."]
+    )
+    payments.block = anyio.Event()  # the handler waits: cancelled inside it
+    with anyio.move_on_after(5) as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                partial(rt.resume, agent, checkpoint_id=cp(first), response=approve(first))
+            )
+            await payments.entered.wait()
+            group.cancel_scope.cancel()
+    assert not scope.cancelled_caught  # the resume's own cancellation, not a timeout
+    assert len(payments.attempts) == 1

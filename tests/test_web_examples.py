@@ -368,6 +368,31 @@ async def test_a_run_and_its_resumption_stream_as_server_sent_events(
 
 
 @pytest.mark.parametrize("kind", ["fastapi", "trio"])
+async def test_a_stream_asked_to_close_the_connection_closes_it(serve: Start, kind: str) -> None:
+    # HTTP/1.0 proxies (nginx's default upstream protocol) send Connection: close and read
+    # to the end of the connection; hypercorn's trio worker held it open for good when the
+    # app ended the stream while its disconnect watcher still waited on receive().
+    server = await serve(kind)
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"input": "Refund order 6."}).encode()
+    head = (
+        "POST /runs/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    received = b""
+    async with await anyio.connect_tcp(host, int(port)) as connection:
+        await connection.send(head.encode() + body)
+        with anyio.fail_after(20):  # a connection held open fails here
+            while True:
+                try:
+                    received += await connection.receive()
+                except anyio.EndOfStream:
+                    break
+    assert received.startswith(b"HTTP/1.1 200")
+    assert b"event: run_finished" in received
+
+
+@pytest.mark.parametrize("kind", ["fastapi", "trio"])
 async def test_errors_answer_with_the_status_of_their_class(
     serve: Start, client: httpx.AsyncClient, kind: str
 ) -> None:
@@ -438,14 +463,39 @@ async def test_a_request_refused_before_runlet_sees_it_has_the_error_shape(
     serve: Start, client: httpx.AsyncClient, kind: str
 ) -> None:
     server = await serve(kind)
-    for body in (b"not json", b'{"metadata": {}}', b'{"input": 5}'):
-        refused = await client.post(
-            f"{server.url}/runs", content=body, headers={"content-type": "application/json"}
-        )
-        assert refused.status_code == 422
+    json_body = {"content-type": "application/json"}
+    refusals = [
+        ("POST", "/runs", b"not json", json_body, 422, "InvalidRequest"),
+        ("POST", "/runs", b'{"metadata": {}}', json_body, 422, "InvalidRequest"),
+        ("POST", "/runs", b'{"input": 5}', json_body, 422, "InvalidRequest"),
+        ("POST", "/runs", b'{"input": "x"}', {"content-type": "text/plain"}, 422, "InvalidRequest"),
+        (
+            "POST",
+            "/checkpoints/cp_1/responses",
+            b'{"responses": [5]}',
+            json_body,
+            422,
+            "InvalidRequest",
+        ),
+        ("GET", "/nowhere", b"", {}, 404, "NotFound"),
+        ("DELETE", "/runs", b"", {}, 405, "MethodNotAllowed"),
+        ("GET", "/checkpoints/cp_1/cancel", b"", {}, 405, "MethodNotAllowed"),
+    ]
+    for method, path, body, headers, status, name in refusals:
+        refused = await client.request(method, server.url + path, content=body, headers=headers)
+        assert refused.status_code == status, (method, path, body, refused.text)
         answer = refused.json()
-        assert (answer["type"], answer["error"]) == ("error", "InvalidRequest")
+        assert (answer["type"], answer["error"]) == ("error", name), (method, path, answer)
         assert answer["detail"]
+    # A body that does not say it is JSON is not read as JSON (FastAPI's rule).
+    unsaid = await client.post(f"{server.url}/runs", content=b'{"input": "Refund order 7."}')
+    assert (unsaid.status_code, unsaid.json()["error"]) == (422, "InvalidRequest")
+    said = await client.post(
+        f"{server.url}/runs",
+        content=b'{"input": "Refund order 7."}',
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
+    assert said.status_code == 200, said.text
 
 
 def test_the_status_table_covers_every_error_people_can_cause() -> None:

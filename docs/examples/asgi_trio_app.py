@@ -95,11 +95,11 @@ class App:
                     send, {"status": "ok", "async_library": sniffio.current_async_library()}
                 )
             case "POST", ["runs"]:
-                text, metadata = await read_start(receive)
+                text, metadata = await read_start(receive, scope)
                 result = await runtime.run(agent, text, metadata=metadata)
                 await send_json(send, unstructure(result))
             case "POST", ["runs", "stream"]:
-                text, metadata = await read_start(receive)
+                text, metadata = await read_start(receive, scope)
                 await send_events(send, receive, runtime.stream(agent, text, metadata=metadata))
             case "GET", ["pending"]:
                 limit, after = read_page(query)
@@ -109,13 +109,13 @@ class App:
                     send, {"pending": [unstructure(p) for p in pending], "next": next_page}
                 )
             case "POST", ["checkpoints", checkpoint_id, "responses"]:
-                responses = await read_responses(receive)
+                responses = await read_responses(receive, scope)
                 result = await runtime.resume(
                     agent, checkpoint_id=checkpoint_id, responses=responses
                 )
                 await send_json(send, unstructure(result))
             case "POST", ["checkpoints", checkpoint_id, "responses", "stream"]:
-                responses = await read_responses(receive)
+                responses = await read_responses(receive, scope)
                 stream = runtime.stream_resume(
                     agent, checkpoint_id=checkpoint_id, responses=responses
                 )
@@ -126,8 +126,24 @@ class App:
             case "GET", ["runs", run_id, "decisions"]:
                 found = await store.decisions(run_id)
                 await send_json(send, {"decisions": [unstructure(d) for d in found]})
+            case _, parts if endpoint(parts):
+                raise HTTPError(
+                    405, f"{scope['path']} does not take {scope['method']}.", "MethodNotAllowed"
+                )
             case _:
-                raise HTTPError(404, f"No endpoint {scope['method']} {scope['path']}.", "NotFound")
+                raise HTTPError(404, f"No endpoint {scope['path']}.", "NotFound")
+
+
+def endpoint(parts: list[str]) -> bool:
+    """Whether *parts* (the path) names an endpoint, whatever the method."""
+    match parts:
+        case ["health" | "runs" | "pending"] | ["runs", "stream"] | ["runs", _, "decisions"]:
+            return True
+        case ["checkpoints", _, "responses" | "cancel"]:
+            return True
+        case ["checkpoints", _, "responses", "stream"]:
+            return True
+    return False
 
 
 async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
@@ -184,7 +200,12 @@ async def send_json(send: Send, data: Any, status: int = 200) -> None:
     await send({"type": "http.response.body", "body": json.dumps(data).encode()})
 
 
-async def read_json(receive: Receive) -> dict[str, Any]:
+async def read_json(receive: Receive, scope: Scope) -> dict[str, Any]:
+    # As FastAPI reads a body: JSON only when it says so.
+    media_type = dict(scope["headers"]).get(b"content-type", b"").partition(b";")[0]
+    media_type = media_type.strip().lower()
+    if media_type != b"application/json" and not media_type.endswith(b"+json"):
+        raise HTTPError(422, "Send the request body as JSON (Content-Type: application/json).")
     body = b""
     while True:
         message = await receive()
@@ -207,17 +228,17 @@ def read_page(query: dict[str, str]) -> tuple[int, str | None]:
     return int(limit), query.get("after")
 
 
-async def read_start(receive: Receive) -> tuple[str, dict[str, Any]]:
-    data = await read_json(receive)
+async def read_start(receive: Receive, scope: Scope) -> tuple[str, dict[str, Any]]:
+    data = await read_json(receive, scope)
     text, metadata = data.get("input"), data.get("metadata", {})
     if not isinstance(text, str) or not isinstance(metadata, dict):
         raise HTTPError(422, 'Start a run with {"input": "...", "metadata": {...}}.')
     return text, metadata
 
 
-async def read_responses(receive: Receive) -> list[HumanResponse]:
-    items = (await read_json(receive)).get("responses")
-    if not isinstance(items, list):
+async def read_responses(receive: Receive, scope: Scope) -> list[HumanResponse]:
+    items = (await read_json(receive, scope)).get("responses")
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         raise HTTPError(422, 'Answer with {"responses": [{"request_id": ..., "action": ...}]}.')
     # Bad data raises HumanResponseError (422) naming the field.
     return parse_responses(items)

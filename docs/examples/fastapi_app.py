@@ -34,6 +34,7 @@ from refund_agent import (
     read_responses,
     server_sent_event,
 )
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from runlet import (
@@ -83,6 +84,15 @@ async def invalid_request(request: Request, error: Exception) -> JSONResponse:
     )
     body = {"type": "error", "error": "InvalidRequest", "detail": where}
     return JSONResponse(body, status_code=422)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def http_error(request: Request, error: Exception) -> JSONResponse:
+    """An unknown path or method, in the same shape as Runlet's errors."""
+    assert isinstance(error, StarletteHTTPException)
+    name = {404: "NotFound", 405: "MethodNotAllowed"}.get(error.status_code, "HTTPError")
+    body = {"type": "error", "error": name, "detail": str(error.detail)}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
 class StartRun(BaseModel):

@@ -16,6 +16,7 @@ done, so no connection is ever left inside a transaction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -367,7 +368,8 @@ class SQLStore:
             # The thread may have claimed before the cancellation took effect: nobody
             # holds that token, so give the checkpoint back instead of waiting a lease
             # (to its end, even under asyncio's own Task.cancel()).
-            await to_the_end(partial(self.release, checkpoint_id, token))
+            with contextlib.suppress(Exception):  # the cancellation is what the caller sees
+                await to_the_end(partial(self.release, checkpoint_id, token))
             raise
 
     async def renew(self, checkpoint_id: str, token: str) -> None:
