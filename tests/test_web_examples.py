@@ -11,6 +11,7 @@ tool really made).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -367,6 +368,15 @@ async def test_a_run_and_its_resumption_stream_as_server_sent_events(
     assert response.json()["error"] == "CheckpointNotFoundError"
 
 
+async def read_to_the_end(connection: anyio.abc.ByteStream) -> bytes:
+    """Everything *connection* sends until the server closes it."""
+    received = b""
+    with contextlib.suppress(anyio.EndOfStream):
+        while True:
+            received += await connection.receive()
+    return received
+
+
 @pytest.mark.parametrize("kind", ["fastapi", "trio"])
 async def test_a_stream_asked_to_close_the_connection_closes_it(serve: Start, kind: str) -> None:
     # HTTP/1.0 proxies (nginx's default upstream protocol) send Connection: close and read
@@ -379,15 +389,10 @@ async def test_a_stream_asked_to_close_the_connection_closes_it(serve: Start, ki
         "POST /runs/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
-    received = b""
     async with await anyio.connect_tcp(host, int(port)) as connection:
         await connection.send(head.encode() + body)
         with anyio.fail_after(20):  # a connection held open fails here
-            while True:
-                try:
-                    received += await connection.receive()
-                except anyio.EndOfStream:
-                    break
+            received = await read_to_the_end(connection)
     assert received.startswith(b"HTTP/1.1 200")
     assert b"event: run_finished" in received
 
