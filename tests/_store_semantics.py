@@ -304,6 +304,7 @@ def semantics_tests(factory: Factory) -> type:
                 assert [] == await ids(metadata={"n": T0})
                 assert [] == await ids(metadata={"n": float("nan")})
                 assert [] == await ids(metadata={"n": float("inf")})
+                assert [] == await ids(metadata={"n": float("-inf")})
                 assert [] == await ids(metadata={1: 1})
                 assert 6 == len(await ids(metadata={}))
                 assert ["cp_2"] == await ids(metadata={"user": "ann"}, limit=1, after="cp_0")
@@ -413,6 +414,39 @@ def sql_store_tests(factory: Factory, *, rewind: str) -> type:
                     await store.record("cp_1", claim.token, [odd])
                 assert info.value.path == "records[0].tool_call_id"
                 assert (await store.get("cp_1")).records == ()
+
+        async def test_a_record_whose_call_id_is_not_text_is_refused_by_name(self) -> None:
+            # A CallRecord is not validated: a non-str call id reaches the store.
+            async with factory(60.0) as store:
+                saved = checkpoint(calls=2)
+                await store.save(saved)
+                claim = await store.claim("cp_1")
+                odd = CallRecord(tool_call_id=5, decision=decision(saved, 1))  # type: ignore[arg-type]
+                with pytest.raises(CheckpointSerializationError, match="a int, not text") as info:
+                    await store.record("cp_1", claim.token, [record(saved), odd])
+                assert info.value.path == "records[1].tool_call_id"
+                assert (await store.get("cp_1")).records == ()
+
+        async def test_an_agent_name_it_cannot_store_says_how_to_fix_it(self) -> None:
+            async with factory(60.0) as store:
+                with pytest.raises(
+                    CheckpointSerializationError, match="Give the agent a name without it"
+                ):
+                    await store.save(checkpoint(agent_name="support\ud83d"))
+
+        async def test_a_later_call_id_it_cannot_store_is_named_by_its_index(self) -> None:
+            saved = checkpoint(calls=2)
+            calls = (
+                saved.pending_tool_calls[0],
+                attrs.evolve(saved.pending_tool_calls[1], id="call\ud800"),
+            )
+            odd = attrs.evolve(
+                saved, transcript=(*saved.transcript[:-1], Message.assistant("", calls))
+            )
+            async with factory(60.0) as store:
+                with pytest.raises(CheckpointSerializationError, match="lone surrogate") as info:
+                    await store.save(odd)
+                assert info.value.path == "transcript[-1].tool_calls[1].id"
 
         async def test_renew_extends_a_lease_that_ran_out(self) -> None:
             async with factory(60.0) as store:

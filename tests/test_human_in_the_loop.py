@@ -995,3 +995,25 @@ async def test_resumes_with_the_shortcuts() -> None:
         ("submit", "Zoë"),
         ("reject", "Not this one."),
     ] == [(d.action, d.value) for d in result.decisions]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda **kw: (HumanResponse.approve("r", **kw), HumanResponse("r", "approve", **kw)),
+        lambda **kw: (HumanResponse.reject("r", **kw), HumanResponse("r", "reject", **kw)),
+        lambda **kw: (
+            HumanResponse.select("r", "pro", **kw),
+            HumanResponse("r", "select", "pro", **kw),
+        ),
+        lambda **kw: (
+            HumanResponse.submit("r", "Hi", **kw),
+            HumanResponse("r", "submit", "Hi", **kw),
+        ),
+    ],
+    ids=["approve", "reject", "select", "submit"],
+)
+def test_each_shortcut_keeps_who_answered_and_the_metadata(build: Any) -> None:
+    shortcut, direct = build(responded_by="ops", metadata={"ticket": 7})
+    assert shortcut == direct
+    assert (shortcut.responded_by, shortcut.metadata) == ("ops", {"ticket": 7})

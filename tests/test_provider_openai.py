@@ -1615,3 +1615,32 @@ class TestCutOffCalls:
             with pytest.raises(ModelResponseError, match="no tool of this turn ran"):
                 await Runtime().run(Agent("a", "", model, (tool,)), "Refund it.")
         assert ran == []
+
+
+class TestThoughtSignaturesMore:
+    @pytest.mark.parametrize(
+        "extra",
+        [{"google": "x"}, {"google": ["S"]}, {"google": {"thought_signature": 5}}],
+    )
+    async def test_none_from_a_malformed_extra_content(
+        self, server: ModelServer, extra: Any
+    ) -> None:
+        answer = openai_completion(None, TWO_CALLS)
+        answer["choices"][0]["message"]["tool_calls"][0]["extra_content"] = extra
+        server.reply(Reply(json=answer))
+        async with make(server) as model:
+            response = await model.complete(ask(tools=(WEATHER,)))
+        assert response.message.reasoning == ()
+
+    async def test_streamed_on_a_later_call(self, server: ModelServer) -> None:
+        events = list(openai_stream("", TWO_CALLS))
+        at = next(i for i, event in enumerate(events) if '"call_b"' in event)
+        chunk = json.loads(events[at].removeprefix("data: ").strip())
+        chunk["choices"][0]["delta"]["tool_calls"][0]["extra_content"] = {
+            "google": {"thought_signature": "S1"}
+        }
+        events[at] = f"data: {json.dumps(chunk)}\n\n"
+        final = (await streamed(server, tuple(events)))[-1]
+        assert final.message.reasoning == (
+            ReasoningPart(signature="S1", provider="openai", calls_before=1),
+        )

@@ -59,3 +59,80 @@ def test_a_second_handle_that_opens_other_storage_fails_the_suite(
     ]
     assert failed == [f"{name}[{backend}]" for name in names for backend in sorted(BACKENDS)]
     assert outcome.parseoutcomes()["passed"] > 40 * len(BACKENDS)  # everything else holds
+
+
+_SUITE_WITH_A_BROKEN_SHARED_STORE = """
+from contextlib import asynccontextmanager
+import attrs
+from runlet import InMemoryCheckpointStore
+from runlet.testing import store_conformance_tests
+
+class CountingTokens(InMemoryCheckpointStore):
+    # Shares the data, but tokens come from a counter kept in each object.
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._n = 0
+
+    async def claim(self, checkpoint_id):
+        claim = await super().claim(checkpoint_id)
+        self._n += 1
+        self._entries[checkpoint_id].token = token = f"t{{self._n}}"
+        return attrs.evolve(claim, token=token)
+
+class LocalClaims(InMemoryCheckpointStore):
+    # Shares the data, but only its own claims hold a checkpoint.
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._mine = set()
+
+    def _held_now(self, entry):
+        return entry.token in self._mine and super()._held_now(entry)
+
+    async def claim(self, checkpoint_id):
+        claim = await super().claim(checkpoint_id)
+        self._mine.add(claim.token)
+        return claim
+
+@asynccontextmanager
+async def fresh(lease):
+    yield {cls}(lease=lease)
+
+@asynccontextmanager
+async def same_storage(store):
+    other = type(store)(lease=store.lease)
+    other._entries, other._finished = store._entries, store._finished
+    yield other
+
+TestStore = store_conformance_tests(fresh, backends=({backends}), second_handle=same_storage)
+"""
+
+
+@pytest.mark.parametrize(
+    ("cls", "names"),
+    [
+        ("InMemoryCheckpointStore", []),
+        (
+            "CountingTokens",
+            [
+                "test_a_second_handle_sees_checkpoints_and_claims",
+                "test_a_takeover_through_a_second_handle_fences_the_first",
+            ],
+        ),
+        (
+            "LocalClaims",
+            ["test_a_second_handle_sees_checkpoints_and_claims"],
+        ),
+    ],
+)
+def test_the_second_handle_tests_catch_state_kept_in_the_object(
+    pytester: pytest.Pytester, cls: str, names: list[str]
+) -> None:
+    suite = _SUITE_WITH_A_BROKEN_SHARED_STORE.format(cls=cls, backends=repr(BACKENDS)[1:-1])
+    pytester.makepyfile(suite)
+    outcome = pytester.runpytest_inprocess("-q", "-p", "anyio", "-p", "no:randomly")
+    failed = sorted(
+        report.nodeid.split("::")[-1]
+        for report in outcome.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
+        if report.failed
+    )
+    assert failed == [f"{name}[{backend}]" for name in names for backend in sorted(BACKENDS)]
