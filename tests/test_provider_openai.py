@@ -1482,7 +1482,17 @@ class TestThoughtSignatures:
 
     @pytest.mark.parametrize(
         "extra",
-        [None, {}, {"google": None}, {"google": {}}, {"google": {"thought_signature": ""}}, "x"],
+        [
+            None,
+            {},
+            {"google": None},
+            {"google": {}},
+            {"google": {"thought_signature": ""}},
+            "x",
+            {"google": "x"},
+            {"google": ["S"]},
+            {"google": {"thought_signature": 5}},
+        ],
     )
     async def test_none_without_a_signature(self, server: ModelServer, extra: Any) -> None:
         answer = openai_completion(None, TWO_CALLS)
@@ -1492,19 +1502,21 @@ class TestThoughtSignatures:
             response = await model.complete(ask(tools=(WEATHER,)))
         assert response.message.reasoning == ()
 
-    async def test_streamed(self, server: ModelServer) -> None:
+    @pytest.mark.parametrize(("call_id", "index"), [("call_a", 0), ("call_b", 1)])
+    async def test_streamed(self, server: ModelServer, call_id: str, index: int) -> None:
         events = list(openai_stream("", TWO_CALLS))
         # Gemini sends each call whole in one chunk, its signature beside it.
-        first = next(i for i, event in enumerate(events) if '"call_a"' in event)
-        chunk = json.loads(events[first].removeprefix("data: ").strip())
+        at = next(i for i, event in enumerate(events) if f'"{call_id}"' in event)
+        chunk = json.loads(events[at].removeprefix("data: ").strip())
         chunk["choices"][0]["delta"]["tool_calls"][0]["extra_content"] = {
-            "google": {"thought_signature": "S0"}
+            "google": {"thought_signature": "S"}
         }
-        events[first] = f"data: {json.dumps(chunk)}\n\n"
-        items = await streamed(server, tuple(events))
-        final = items[-1]
+        events[at] = f"data: {json.dumps(chunk)}\n\n"
+        final = (await streamed(server, tuple(events)))[-1]
         assert [call.id for call in final.message.tool_calls] == ["call_a", "call_b"]
-        assert final.message.reasoning == (ReasoningPart(signature="S0", provider="openai"),)
+        assert final.message.reasoning == (
+            ReasoningPart(signature="S", provider="openai", calls_before=index),
+        )
 
     async def test_sent_back_on_their_calls(self, server: ModelServer) -> None:
         # Gemini 3 answers 400 to a tool-calling turn that comes back without them, so
@@ -1615,32 +1627,3 @@ class TestCutOffCalls:
             with pytest.raises(ModelResponseError, match="no tool of this turn ran"):
                 await Runtime().run(Agent("a", "", model, (tool,)), "Refund it.")
         assert ran == []
-
-
-class TestThoughtSignaturesMore:
-    @pytest.mark.parametrize(
-        "extra",
-        [{"google": "x"}, {"google": ["S"]}, {"google": {"thought_signature": 5}}],
-    )
-    async def test_none_from_a_malformed_extra_content(
-        self, server: ModelServer, extra: Any
-    ) -> None:
-        answer = openai_completion(None, TWO_CALLS)
-        answer["choices"][0]["message"]["tool_calls"][0]["extra_content"] = extra
-        server.reply(Reply(json=answer))
-        async with make(server) as model:
-            response = await model.complete(ask(tools=(WEATHER,)))
-        assert response.message.reasoning == ()
-
-    async def test_streamed_on_a_later_call(self, server: ModelServer) -> None:
-        events = list(openai_stream("", TWO_CALLS))
-        at = next(i for i, event in enumerate(events) if '"call_b"' in event)
-        chunk = json.loads(events[at].removeprefix("data: ").strip())
-        chunk["choices"][0]["delta"]["tool_calls"][0]["extra_content"] = {
-            "google": {"thought_signature": "S1"}
-        }
-        events[at] = f"data: {json.dumps(chunk)}\n\n"
-        final = (await streamed(server, tuple(events)))[-1]
-        assert final.message.reasoning == (
-            ReasoningPart(signature="S1", provider="openai", calls_before=1),
-        )
