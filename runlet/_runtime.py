@@ -57,7 +57,9 @@ class Runtime:
         clock: Returns the current time as an aware ``datetime`` (a time in another zone
             is turned into UTC); requests' ``created_at`` and ``expires_at`` and
             decisions' times come from it. Tests pass a fake clock to move time without
-            sleeping.
+            sleeping. It is called once when the runtime is built, to check it, and a
+            reading that is not an aware ``datetime`` later raises
+            :class:`~runlet.ConfigurationError` where it is read.
         tracer_provider: An OpenTelemetry tracer provider for this runtime's spans
             (needs ``runlet[otel]``). Without one, runs are traced with the global
             provider once the application has set one, and not at all before; see

@@ -290,6 +290,21 @@ class TestSavedBeforeReported:
 # --- Values at the edges of what the contract names -------------------------------------
 
 
+@pytest.mark.parametrize("seconds", [1e-7, 5e-7, 9.9e-7])
+def test_an_expiry_shorter_than_a_microsecond_is_refused(seconds: float) -> None:
+    # Times are kept to the microsecond: such a request was born expired, so every
+    # answer, even at once, was refused as too late.
+    async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "ok"
+
+    with pytest.raises(runlet.ConfigurationError, match="at least one microsecond"):
+        ToolSpec("pay", "Pay.", {"type": "object"}, handler, expires_after=seconds)
+    with pytest.raises(runlet.ConfigurationError, match="at least one microsecond"):
+        runlet.ask_human(expires_after=seconds)
+    shortest = ToolSpec("pay", "Pay.", {"type": "object"}, handler, expires_after=1e-6)
+    assert shortest.expires_after == 1e-6
+
+
 @pytest.mark.parametrize("seconds", [1e12, 10**20, MAX_EXPIRES_AFTER * 1.01])
 def test_an_expiry_no_date_can_hold_is_refused_when_the_tool_is_built(seconds: float) -> None:
     # Past the year 9999 no expires_at can be written: refused up front, not when the run
