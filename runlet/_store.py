@@ -12,6 +12,7 @@ Two protocols:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -404,8 +405,8 @@ def check_metadata_filter(metadata: object) -> None:
         )
 
 
-# The longest lease: about 31 years. Longer ones overflow the databases' date arithmetic
-# (PostgreSQL's interval, SQLite's integers); None is the lease that never runs out.
+# The longest lease: about 31 years, far below where the databases' date arithmetic
+# overflows (PostgreSQL's intervals, from 1e13 s); None is the lease that never runs out.
 MAX_LEASE = 1e9
 
 
@@ -511,7 +512,10 @@ class InMemoryCheckpointStore:
 
     def __contains__(self, checkpoint_id: object) -> bool:
         """Whether the checkpoint waits for an answer (pending or claimed)."""
-        entry = self._entries.get(checkpoint_id)  # type: ignore[call-overload]
+        try:
+            entry = self._entries.get(checkpoint_id)  # type: ignore[call-overload]
+        except TypeError:  # an id no dict key can be
+            return False
         return entry is not None and entry.status in ("pending", "claimed")
 
     async def save(self, checkpoint: Checkpoint) -> None:
@@ -535,7 +539,8 @@ class InMemoryCheckpointStore:
 
     async def delete(self, checkpoint_id: str) -> None:
         """Forget the checkpoint with its records and outcome."""
-        self._entries.pop(checkpoint_id, None)
+        with contextlib.suppress(TypeError):  # an id no dict key can be: nothing to forget
+            self._entries.pop(checkpoint_id, None)
 
     async def get(self, checkpoint_id: str) -> StoredCheckpoint:
         """The checkpoint with its status, records and resolution."""
@@ -599,8 +604,10 @@ class InMemoryCheckpointStore:
 
     async def release(self, checkpoint_id: str, token: str) -> None:
         """Give the claim back; does nothing for a stale token."""
-        entry = self._entries.get(checkpoint_id)
-        if entry is not None and entry.status == "claimed" and entry.token == token:
+        with contextlib.suppress(TypeError):  # an id no dict key can be: nothing to give back
+            entry = self._entries.get(checkpoint_id)
+            if entry is None or entry.status != "claimed" or entry.token != token:
+                return
             entry.status = "pending"
             entry.token = None
 
@@ -677,14 +684,17 @@ class InMemoryCheckpointStore:
     def _entry(self, checkpoint_id: str) -> _Entry:
         try:
             return self._entries[checkpoint_id]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an id no dict key can be (a list)
             raise not_found(checkpoint_id) from None
 
     def _held_now(self, entry: _Entry) -> bool:
         return self._lease is None or time.monotonic() < entry.lease_until
 
     def _holding(self, checkpoint_id: str, token: str) -> _Entry:
-        entry = self._entries.get(checkpoint_id)
+        try:
+            entry = self._entries.get(checkpoint_id)
+        except TypeError:  # an id no dict key can be (a list)
+            entry = None
         if entry is None or entry.status != "claimed" or entry.token != token:
             raise lease_lost(checkpoint_id)
         return entry

@@ -127,7 +127,7 @@ def semantics_tests(factory: Factory) -> type:
                 assert (changed, "claimed") == (stored.checkpoint, stored.status)
                 await store.release("cp_1", claim.token)
 
-        @pytest.mark.parametrize("bad", ["cp\ud800", "\udfff", 5, None])
+        @pytest.mark.parametrize("bad", ["cp\ud800", "\udfff", 5, None, ["cp_1"], {"id": 1}])
         async def test_an_id_no_row_can_hold_is_an_unknown_id(self, bad: Any) -> None:
             # A web request's JSON may carry a lone surrogate ("\\ud800"), or a number
             # where an id belongs: each store answers as for any unknown id.

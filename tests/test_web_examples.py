@@ -492,6 +492,8 @@ async def test_a_request_refused_before_runlet_sees_it_has_the_error_shape(
         answer = refused.json()
         assert (answer["type"], answer["error"]) == ("error", name), (method, path, answer)
         assert answer["detail"]
+    wrong = await client.request("DELETE", f"{server.url}/runs")
+    assert wrong.headers["allow"] == "POST"  # HTTP asks a 405 to say what is allowed
     # A body that does not say it is JSON is not read as JSON (FastAPI's rule).
     unsaid = await client.post(f"{server.url}/runs", content=b'{"input": "Refund order 7."}')
     assert (unsaid.status_code, unsaid.json()["error"]) == (422, "InvalidRequest")

@@ -48,10 +48,17 @@ SSE = [
 class HTTPError(Exception):
     """A request this application refuses before Runlet sees it."""
 
-    def __init__(self, status: int, detail: str, name: str = "InvalidRequest") -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        name: str = "InvalidRequest",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.name = name
+        self.headers = headers or []
 
 
 class App:
@@ -71,7 +78,7 @@ class App:
                 await send_json(send, error_body(error), http_status(error))
             except HTTPError as error:
                 body = {"type": "error", "error": error.name, "detail": str(error)}
-                await send_json(send, body, error.status)
+                await send_json(send, body, error.status, error.headers)
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
@@ -126,24 +133,27 @@ class App:
             case "GET", ["runs", run_id, "decisions"]:
                 found = await store.decisions(run_id)
                 await send_json(send, {"decisions": [unstructure(d) for d in found]})
-            case _, parts if endpoint(parts):
+            case _, parts if (allowed := endpoint(parts)) is not None:
                 raise HTTPError(
-                    405, f"{scope['path']} does not take {scope['method']}.", "MethodNotAllowed"
+                    405,
+                    f"{scope['path']} takes {allowed}, not {scope['method']}.",
+                    "MethodNotAllowed",
+                    [(b"allow", allowed.encode())],
                 )
             case _:
                 raise HTTPError(404, f"No endpoint {scope['path']}.", "NotFound")
 
 
-def endpoint(parts: list[str]) -> bool:
-    """Whether *parts* (the path) names an endpoint, whatever the method."""
+def endpoint(parts: list[str]) -> str | None:
+    """The method the endpoint *parts* (the path) names takes, if it names one."""
     match parts:
-        case ["health" | "runs" | "pending"] | ["runs", "stream"] | ["runs", _, "decisions"]:
-            return True
-        case ["checkpoints", _, "responses" | "cancel"]:
-            return True
+        case ["health" | "pending"] | ["runs", _, "decisions"]:
+            return "GET"
+        case ["runs"] | ["runs", "stream"] | ["checkpoints", _, "responses" | "cancel"]:
+            return "POST"
         case ["checkpoints", _, "responses", "stream"]:
-            return True
-    return False
+            return "POST"
+    return None
 
 
 async def send_events(send: Send, receive: Receive, stream: RunStream) -> None:
@@ -195,8 +205,11 @@ async def cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
-async def send_json(send: Send, data: Any, status: int = 200) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+async def send_json(
+    send: Send, data: Any, status: int = 200, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    all_headers = JSON_HEADERS + (headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
     await send({"type": "http.response.body", "body": json.dumps(data).encode()})
 
 

@@ -340,7 +340,8 @@ class PostgresCheckpointStore(SQLStore):
     @property
     def conninfo(self) -> str:
         """The connection string it was given, to open another store on the same
-        database (it may hold a password: keep it out of logs)."""
+        database (with the same ``connect_kwargs``, which it does not include). It may
+        hold a password: keep it out of logs."""
         return self._conninfo
 
     def _connect(self) -> None:
