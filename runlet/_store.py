@@ -415,8 +415,8 @@ def check_lease(lease: object) -> None:
     None)."""
     if lease is not None and not (is_seconds(lease) and lease <= MAX_LEASE):  # type: ignore[operator]
         raise ConfigurationError(
-            f"lease must be a number of seconds from 0 to {MAX_LEASE:g} (about 31 years), or "
-            f"None for a claim that lasts until released, not {lease!r}."
+            f"lease must be a non-negative number of seconds (or None), at most {MAX_LEASE:g} "
+            f"(about 31 years; None makes a claim last until released), not {lease!r}."
         )
 
 

@@ -297,8 +297,8 @@ class ToolSpec:
         if expires is not None and not (is_seconds(expires, positive=True) and expires >= 1e-6):
             # Times are kept to the microsecond: less would make requests born expired.
             raise ConfigurationError(
-                f"Tool {name!r}: expires_after must be a number of seconds of at least one "
-                f"microsecond (1e-6), or None, not {expires!r}."
+                f"Tool {name!r}: expires_after must be a positive number of seconds or "
+                f"None (at least one microsecond, 1e-6), not {expires!r}."
             )
         if expires is not None and expires > MAX_EXPIRES_AFTER:
             # A request's expires_at must be a date (the year 9999 at most).

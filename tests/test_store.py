@@ -116,7 +116,8 @@ class TestInMemoryCheckpointStore:
         else:
             from runlet.stores.postgres import PostgresCheckpointStore as Store
         where = "never-opened.db" if kind == "sqlite" else "host=127.0.0.1 dbname=never"
-        with pytest.raises(runlet.ConfigurationError, match=r"from 0 to 1e\+09 \(about 31"):
+        words = r"non-negative number of seconds \(or None\), at most 1e\+09 \(about 31"
+        with pytest.raises(runlet.ConfigurationError, match=words):
             Store(where, lease=lease)
         assert Store(where, lease=1e9).lease == 1e9
 
