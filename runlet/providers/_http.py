@@ -368,14 +368,12 @@ def _named(error: ModelAPIError, response: httpx.Response) -> ModelAPIError:
     api_request_id = _request_id(response)
     if error.api_request_id is not None or not api_request_id:
         return error
-    named = ModelAPIError(
+    return ModelAPIError(
         f"{error} (request id {api_request_id})",
         status_code=error.status_code,
         body=error.body,
         api_request_id=api_request_id,
     )
-    named.__traceback__ = error.__traceback__
-    return named
 
 
 def tool_result(message: Message) -> ToolResult:

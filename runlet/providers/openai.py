@@ -254,7 +254,9 @@ class OpenAIChatModel(HTTPModel):
             message = choice["message"]
             raw_calls = message.get("tool_calls") or ()
             if raw_calls and choice.get("finish_reason") == "length":
-                raise _cut_off(raw_calls[-1])
+                last = raw_calls[-1]
+                function = last.get("function") if isinstance(last, dict) else None
+                raise _cut_off(function.get("name") if isinstance(function, dict) else None)
             calls = tuple(_tool_call(call, index) for index, call in enumerate(raw_calls))
             signatures = [_signature(call) for call in raw_calls]
             text, thought = _content(message)
@@ -407,12 +409,10 @@ def _reasoning(fields: Mapping[str, Any]) -> str:
     return ""
 
 
-def _cut_off(last_call: Any) -> ModelResponseError:
-    """The error for an answer that the token limit cut off while it called tools: the
-    last call's arguments may be partial (even ``""``, which reads as ``{}``), so none of
-    the turn's calls may run."""
-    function = last_call.get("function") if isinstance(last_call, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
+def _cut_off(name: Any) -> ModelResponseError:
+    """The error for an answer that the token limit cut off while it called tools (the
+    last one *name*): its arguments may be partial (even ``""``, which reads as ``{}``),
+    so none of the turn's calls may run."""
     which = f" {name!r}" if isinstance(name, str) and name else ""
     return ModelResponseError(
         f'The {_API} answer was cut off by the token limit (finish_reason "length") while '
@@ -669,7 +669,7 @@ class _Stream:
             )
         if self._calls and self._reason == "length":
             last = self._calls[-1]
-            raise _cut_off({"function": {"name": last.name}})
+            raise _cut_off(last.name)
         calls = []
         for index, partial in enumerate(self._calls):
             if not partial.name:
