@@ -1338,3 +1338,14 @@ async def test_streamed_text_blocks_a_server_tool_separated_are_paragraphs(
         items = await collect(model, ask())
     assert "".join(item.text for item in items[:-1] if isinstance(item, TextDelta)) == _JOINED
     assert items[-1].message.content == _JOINED
+
+
+async def test_an_empty_text_block_after_a_server_tool_keeps_the_break(
+    server: ModelServer,
+) -> None:
+    answer = anthropic_message()
+    answer["content"] = [*_SEARCHED[:3], {"type": "text", "text": ""}, *_SEARCHED[3:]]
+    server.reply(Reply(json=answer))
+    async with make(server) as model:
+        response = await model.complete(ask())
+    assert response.message.content == _JOINED

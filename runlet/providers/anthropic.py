@@ -268,10 +268,11 @@ class AnthropicModel(HTTPModel):
                 kind = block["type"]
                 if kind == "text":
                     text = block["text"]
-                    if between and text and _apart(texts, text):
-                        texts.append(_PARAGRAPH)
-                    texts.append(text)
-                    between = False
+                    if text:
+                        if between and _apart(texts, text):
+                            texts.append(_PARAGRAPH)
+                        texts.append(text)
+                        between = False
                     continue
                 between = bool(texts)
                 if kind == "tool_use":
@@ -306,7 +307,7 @@ _PARAGRAPH = "\n\n"
 
 def _apart(texts: list[str], text: str) -> bool:
     """Whether *text*, after another block, needs a paragraph break from *texts*."""
-    before = "".join(texts)
+    before = next((earlier for earlier in reversed(texts) if earlier), "")
     return bool(before) and not before[-1].isspace() and not text[0].isspace()
 
 
