@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
@@ -42,13 +43,69 @@ _SHOWN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=repr)
 
 
 def show_arguments(arguments: Mapping[str, Any]) -> str:
-    """Tool arguments as compact JSON text, for prompts and notes."""
+    """Tool arguments as compact JSON text, for prompts and notes. Characters a person
+    cannot see or that reorder what they see (zero-width spaces, right-to-left
+    overrides, other format and control characters) are escaped, so the text shows
+    the arguments as they are: ``"\\u202e3021"``, not an IBAN drawn backwards."""
     if type(arguments) is not dict:
         arguments = dict(arguments)
     for value in arguments.values():
         if type(value) not in _SCALARS:
-            return _shown(arguments)
-    return _shown_flat(arguments)
+            return _visible(_shown(arguments))
+    return _visible(_shown_flat(arguments))
+
+
+def _visible(text: str) -> str:
+    """*text* with every character that :meth:`str.isprintable` refuses (JSON escaped
+    the ASCII control characters but a delete already) written as a JSON escape."""
+    if text.isprintable():
+        return text
+    return "".join([_escaped(c) if not c.isprintable() and c != " " else c for c in text])
+
+
+def _escaped(character: str) -> str:
+    code = ord(character)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a surrogate pair, as JSON writes it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+MAX_NESTING = 100
+"""How deep tool arguments may nest (objects and arrays inside each other). Real
+arguments stay far below; deeper ones would exhaust Python's recursion limit in the JSON
+encoder or a store before the call could be shown to a person or saved."""
+
+_NESTED = (dict, list, tuple)
+
+
+def _beyond_json(arguments: dict[str, Any]) -> str | None:
+    """Why *arguments*, which passed the schema, still cannot be taken: a float JSON has
+    no number for (``NaN``, ``Infinity``: it compares false with every bound and with an
+    approval policy's ``amount > 100``), or nesting deeper than :data:`MAX_NESTING`.
+    ``None`` if neither. Walks nothing for flat arguments, and needs no recursion."""
+    todo: list[tuple[Any, int]] | None = None
+    for value in arguments.values():
+        kind = type(value)
+        if kind is float:
+            if not math.isfinite(value):
+                return f"{value!r} is not a JSON number"
+        elif kind in _NESTED:
+            if todo is None:
+                todo = []
+            todo.append((value, 2))
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_NESTING:
+            return f"they nest deeper than {MAX_NESTING} levels; flatten them"
+        for item in value.values() if type(value) is dict else value:
+            kind = type(item)
+            if kind is float:
+                if not math.isfinite(item):
+                    return f"{item!r} is not a JSON number"
+            elif kind in _NESTED:
+                todo.append((item, depth + 1))
+    return None
 
 
 def edited_content(content: str, arguments: Mapping[str, Any]) -> str:
@@ -355,7 +412,7 @@ class ToolSpec:
             arguments = dict(arguments)
         try:
             if self._validator.is_valid(arguments):
-                return None
+                return _beyond_json(arguments)
             problems = [
                 f"{_where(error.instance_path)}{error.message}"
                 for error in self._validator.iter_errors(arguments)

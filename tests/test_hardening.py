@@ -27,6 +27,7 @@ from runlet import (
     CheckpointSerializationError,
     ConfigurationError,
     HumanResponse,
+    HumanResponseError,
     InMemoryCheckpointStore,
     Interrupted,
     Message,
@@ -973,3 +974,117 @@ def test_a_plain_store_with_a_method_of_the_same_name_is_still_plain() -> None:
 
     store = WithRelease()
     assert Runtime(checkpoint_store=store).checkpoint_store is store
+
+
+class TestTheApprovalPromptShowsWhatIsThere:
+    """The default prompt escapes what a person cannot see or what reorders what they
+    see: a model cannot draw an IBAN backwards or hide a second key behind a look-alike."""
+
+    @pytest.mark.parametrize(
+        ("arguments", "shown"),
+        [
+            ({"iban": "\u202e3021 20ED\u202c"}, '{"iban": "\\u202e3021 20ED\\u202c"}'),
+            ({"amount": 250, "amount\u200b": 25}, '{"amount": 250, "amount\\u200b": 25}'),
+            ({"tag": "x\U000e0041"}, '{"tag": "x\\udb40\\udc41"}'),  # beyond the BMP
+            ({"order": {"note": "a\u2028b\x7f"}}, '{"order": {"note": "a\\u2028b\\u007f"}}'),
+            # Text people can read stays as it is, spaces and all.
+            ({"name": "Müller ½ 東京 😀"}, '{"name": "Müller ½ 東京 😀"}'),
+            ({"name": "a\tb"}, '{"name": "a\\tb"}'),  # escaped by JSON already
+        ],
+    )
+    async def test_invisible_characters_are_escaped(
+        self, arguments: dict[str, Any], shown: str
+    ) -> None:
+        model = ScriptedModel([call("refund", **arguments), "done"])
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        result = await runtime.run(refund_agent(model), "go")
+        assert result.interruption is not None
+        assert result.interruption.prompt == f"Allow refund with {shown}?"
+        assert result.interruption.tool_call.arguments == arguments  # the call is unchanged
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """Arguments *depth* levels deep: the arguments object itself is level 1."""
+    value: Any = 1
+    for level in range(depth - 1):
+        value = {"k": value} if level % 2 else [value]
+    return {"v": value}
+
+
+class TestArgumentsJSONCannotHold:
+    """Arguments that pass the schema but are not JSON a store and a person can take: a
+    float JSON has no number for, or nesting deep enough to exhaust Python's recursion.
+    The call does not run, no policy sees it, and the model is told."""
+
+    @pytest.mark.parametrize(
+        ("arguments", "problem"),
+        [
+            ({"amount": float("nan")}, "nan is not a JSON number"),
+            ({"amount": float("inf")}, "inf is not a JSON number"),
+            ({"amounts": [1.5, {"x": -float("inf")}]}, "-inf is not a JSON number"),
+            (_nested(101), "they nest deeper than 100 levels; flatten them"),
+            (_nested(5000), "they nest deeper than 100 levels; flatten them"),
+        ],
+    )
+    @pytest.mark.parametrize("gated", [True, False])
+    async def test_refused_before_anything_runs(
+        self, arguments: dict[str, Any], problem: str, gated: bool
+    ) -> None:
+        ran: list[Any] = []
+        asked: list[Any] = []
+
+        async def pay(args: Mapping[str, Any], context: ToolContext) -> str:
+            ran.append(args)
+            return "paid"
+
+        def policy(args: Mapping[str, Any], context: ToolContext) -> bool:
+            asked.append(args)
+            return gated
+
+        # No "type" in the schema: NaN passes "minimum" (it compares false with anything).
+        schema = {"type": "object", "properties": {"amount": {"minimum": 0, "maximum": 100}}}
+        tool = ToolSpec("pay", "Pay.", schema, pay, requires_approval=policy)
+        model = ScriptedModel([call("pay", **arguments), "gave up"])
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        result = await runtime.run(Agent("a", "Pay.", model, (tool,)), "go")
+        assert result.status == "completed"
+        assert (ran, asked) == ([], [])
+        [answer] = [m for m in result.transcript if m.role == "tool"]
+        assert answer.content == (
+            f"Invalid arguments for tool 'pay': {problem}. Call it again with arguments that "
+            "match its input schema."
+        )
+
+    @pytest.mark.parametrize("depth", [2, 99, 100])
+    async def test_nesting_up_to_the_limit_is_taken(self, depth: int) -> None:
+        seen: list[Any] = []
+
+        async def keep(args: Mapping[str, Any], context: ToolContext) -> str:
+            seen.append(args)
+            return "kept"
+
+        tool = ToolSpec("keep", "Keep.", {"type": "object"}, keep)
+        arguments = _nested(depth)
+        model = ScriptedModel([call("keep", **arguments), "done"])
+        result = await Runtime().run(Agent("a", "Keep.", model, (tool,)), "go")
+        assert result.status == "completed"
+        assert seen == [arguments]
+
+    async def test_edited_arguments_with_nan_are_refused(self) -> None:
+        tool = ToolSpec(
+            "pay", "Pay.", {"type": "object"}, refund, requires_approval=True, allow_edit=True
+        )
+        model = ScriptedModel([call("pay", order=1), "done"])
+        runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
+        agent = Agent("a", "Pay.", model, (tool,))
+        first = await runtime.run(agent, "go")
+        assert first.interruption is not None
+        assert first.checkpoint_id is not None
+        response = HumanResponse(
+            first.interruption.id, "approve", edited_arguments={"order": float("nan")}
+        )
+        with pytest.raises(HumanResponseError, match="nan is not a JSON number"):
+            await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=response)
+        fixed = HumanResponse(first.interruption.id, "approve", edited_arguments={"order": 2})
+        done = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=fixed)
+        assert "refunded 2" in done.transcript[-2].content

@@ -286,6 +286,14 @@ class TestMalformedAnswers:
         ("reply", "match"),
         [
             (Reply(raw=b"{"), "not valid JSON"),
+            (
+                Reply(
+                    raw=json.dumps(anthropic_message(None, [("t", "weather", {"a": 1})]))
+                    .replace('{"a": 1}', '{"a": NaN}')
+                    .encode()
+                ),
+                r"not valid JSON \(NaN is not a JSON value\)",
+            ),
             (Reply(json={"type": "message"}), "documented shape"),
             (Reply(json=anthropic_message(None, [("t", "weather", [1])])), "not a JSON object"),
             (
@@ -562,6 +570,12 @@ class TestStreaming:
         server.reply(Reply(events=anthropic_stream("", [("t", "weather", '{"city"')])))
         async with make(server) as model:
             with pytest.raises(ModelResponseError, match="not valid JSON"):
+                await collect(model, ask())
+
+    async def test_tool_input_with_infinity(self, server: ModelServer) -> None:
+        server.reply(Reply(events=anthropic_stream("", [("t", "weather", '{"a": Infinity}')])))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="Infinity is not a JSON value"):
                 await collect(model, ask())
 
     async def test_runtime_stream_through_the_adapter(self, server: ModelServer) -> None:

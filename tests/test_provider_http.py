@@ -308,6 +308,24 @@ class TestAdapters:
         assert "https://api.anthropic.com/v1/messages" in repr(anthropic)
         assert "secret" not in repr(anthropic)
 
+    @pytest.mark.parametrize(
+        ("base_url", "shown"),
+        [
+            ("https://bob:hunter2@proxy.test/v1", "https://bob:***@proxy.test/v1"),
+            ("http://:hunter2@proxy.test:8080/v1", "http://:***@proxy.test:8080/v1"),
+            ("http://bob@proxy.test/v1", "http://bob@proxy.test/v1"),  # no password
+            ("http://proxy.test/a:b@c/v1", "http://proxy.test/a:b@c/v1"),  # in the path
+        ],
+    )
+    def test_repr_hides_a_password_in_the_url(self, base_url: str, shown: str) -> None:
+        openai = OpenAIChatModel("m", base_url=base_url)
+        assert repr(openai) == f"OpenAIChatModel(model='m', url='{shown}/chat/completions')"
+        anthropic = AnthropicModel("m", api_key="k", base_url=base_url.removesuffix("/v1"))
+        assert repr(anthropic).endswith(f"url='{shown.removesuffix('/v1')}/v1/messages')")
+        with pytest.raises(ConfigurationError) as info:
+            OpenAIChatModel("m", base_url=base_url + "?x=1")
+        assert "hunter2" not in str(info.value)
+
     def test_default_urls(self) -> None:
         assert "https://api.openai.com/v1/chat/completions" in repr(OpenAIChatModel("m"))
 
@@ -775,6 +793,24 @@ class TestErrorMessages:
             "again."
         )
         assert isinstance(info.value.__cause__, httpx.ConnectError)
+
+    @pytest.mark.anyio
+    async def test_error_messages_hide_a_password_in_the_url(self) -> None:
+        def refuse(request: httpx.Request) -> httpx.Response:
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+            model = OpenAIChatModel(
+                "m", base_url="http://bob:hunter2@api.test/v1", http_client=client, max_retries=0
+            )
+            with pytest.raises(ModelConnectionError) as info:
+                await model.complete(REQUEST)
+        assert "at http://bob:***@api.test/v1/chat/completions: ConnectError" in str(info.value)
+        assert "hunter2" not in str(info.value)
+        # The request still goes to the URL as given, password and all.
+        assert info.value.__cause__ is not None
+        request = info.value.__cause__.request  # type: ignore[attr-defined]
+        assert request.url.password == "hunter2"
 
     @pytest.mark.anyio
     async def test_cut_off_streams_read_as_sentences(self, harness: Harness) -> None:

@@ -363,6 +363,22 @@ class TestMalformedAnswers:
                 "not valid JSON",
             ),
             (Reply(json=openai_completion(None, [("c1", "weather", "[1, 2]")])), "not an object"),
+            # Python reads these, JSON has none: NaN would pass a schema's bounds and a
+            # policy's `amount > 100` (it compares false with everything).
+            (
+                Reply(json=openai_completion(None, [("c1", "weather", '{"amount": NaN}')])),
+                r"not valid JSON \(NaN is not a JSON value\)",
+            ),
+            (
+                Reply(json=openai_completion(None, [("c1", "weather", '{"a": -Infinity}')])),
+                r"not valid JSON \(-Infinity is not a JSON value\)",
+            ),
+            (
+                Reply(json=openai_completion(None, [("c1", "weather", "[" * 100_000)])),
+                "not valid JSON \\(nested deeper than Python can read\\)",
+            ),
+            (Reply(raw=b'{"choices": [], "x": Infinity}'), "not valid JSON"),
+            (Reply(raw=b"[" * 100_000), "nested deeper than Python can read"),
             (
                 Reply(json=openai_completion(None, [("c1", 5, "{}")])),  # type: ignore[list-item]
                 "tool call whose name is 5, not a non-empty string",
@@ -843,6 +859,12 @@ class TestStreaming:
         server.reply(Reply(events=openai_stream("", [("c", "weather", '{"city": ')])))
         async with make(server) as model:
             with pytest.raises(ModelResponseError, match="not valid JSON"):
+                await collect(model, ask())
+
+    async def test_stream_with_nan_in_tool_arguments(self, server: ModelServer) -> None:
+        server.reply(Reply(events=openai_stream("", [("c", "weather", '{"amount": NaN}')])))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="NaN is not a JSON value"):
                 await collect(model, ask())
 
     async def test_stream_call_without_a_name(self, server: ModelServer) -> None:

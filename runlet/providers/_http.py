@@ -51,6 +51,7 @@ __all__ = [
     "SSEDecoder",
     "StreamAssembler",
     "api_error",
+    "loads",
     "parse_arguments",
     "parse_json",
     "parse_retry_after",
@@ -220,15 +221,34 @@ def reading(api: str) -> Iterator[None]:
         ) from exc
 
 
+def _not_a_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``, ``Infinity`` and ``-Infinity``, which Python
+    reads but JSON does not have: a model's ``{"amount": NaN}`` would otherwise pass a
+    schema's bounds (NaN compares false with everything) and an approval policy's
+    ``amount > 100``. Raises ``ValueError``, or ``RecursionError`` for data nested
+    deeper than Python can read."""
+    return json.loads(text, parse_constant=_not_a_constant)
+
+
 def parse_json(text: str, api: str) -> Any:
     """Parse JSON text an API sent, or raise :class:`~runlet.ModelResponseError`."""
     try:
-        return json.loads(text)
-    except ValueError as exc:
+        return loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ModelResponseError(
-            f"The {api} answer is not valid JSON ({exc}): {text[:_SNIPPET]!r}. Check that "
-            f"the server really implements the {api} API."
+            f"The {api} answer is not valid JSON ({_why(exc)}): {text[:_SNIPPET]!r}. Check "
+            f"that the server really implements the {api} API."
         ) from exc
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested deeper than Python can read"
+    return str(exc)
 
 
 def call_text(value: Any, what: str, api: str) -> str:
@@ -258,12 +278,12 @@ def parse_arguments(text: str, tool_name: str, api: str) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
-        arguments = json.loads(text)
-    except ValueError as exc:
+        arguments = loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ModelResponseError(
             f"The {api} model called tool {tool_name!r} with arguments that are not valid "
-            f"JSON ({exc}): {text[:_SNIPPET]!r}. Run again; if it keeps happening, describe "
-            "the tool's arguments more plainly."
+            f"JSON ({_why(exc)}): {text[:_SNIPPET]!r}. Run again; if it keeps happening, "
+            "describe the tool's arguments more plainly."
         ) from exc
     if not isinstance(arguments, dict):
         raise ModelResponseError(
@@ -471,13 +491,22 @@ def api_root(base_url: str | None, default: str, path: str) -> str:
         raise ConfigurationError(f"base_url must be a URL (a str), not {root!r}.")
     if "?" in root or "#" in root:
         raise ConfigurationError(
-            f"base_url {root!r} has a query string or a fragment, but Runlet appends "
+            f"base_url {shown_url(root)!r} has a query string or a fragment, but Runlet appends "
             f"{path} to base_url, so it would end up inside it. Give the URL without it, and "
             "any query parameters with http_client=httpx.AsyncClient(params={...}). (For "
             "Azure OpenAI, the base URL https://<resource>.openai.azure.com/openai/v1 "
             "needs no api-version.)"
         )
     return root.rstrip("/")
+
+
+# The password of a URL's user information (``https://user:password@host``).
+_PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*):[^/?#@]*@")
+
+
+def shown_url(url: str) -> str:
+    """*url* as messages and reprs show it: a password in it replaced by ``***``."""
+    return _PASSWORD.sub(r"\1:***@", url)
 
 
 def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:
@@ -557,6 +586,7 @@ class HTTPModel:
                 )
         self.model = model
         self._url = url
+        self._shown_url = shown_url(url)  # for messages and the repr: never a password
         self._headers = merge_headers({"content-type": "application/json"}, headers)
         self._given_client = http_client
         self._own_client: httpx.AsyncClient | None = None
@@ -572,7 +602,7 @@ class HTTPModel:
 
     def __repr__(self) -> str:
         # Never the key: reprs end up in logs.
-        return f"{type(self).__name__}(model={self.model!r}, url={self._url!r})"
+        return f"{type(self).__name__}(model={self.model!r}, url={self._shown_url!r})"
 
     @property
     def retry(self) -> RetryPolicy:
@@ -695,7 +725,7 @@ class HTTPModel:
         if error is not None:
             raise _named(error, response)
         raise ModelResponseError(
-            f"The {self.api} server at {self._url} answered a streaming request with "
+            f"The {self.api} server at {self._shown_url} answered a streaming request with "
             f"{media_type or 'no content type'}, not text/event-stream: it does not stream "
             "(or a proxy in between buffers the stream). Use Runtime.run(), which does "
             "not stream, with this server, or make the server stream."
@@ -720,12 +750,12 @@ class HTTPModel:
             raise _named(exc, response) from exc.__cause__
         except httpx.TransportError as exc:
             raise ModelConnectionError(
-                f"The {self.api} stream from {self._url} was cut off: {type(exc).__name__}: "
+                f"The {self.api} stream from {self._shown_url} was cut off: {type(exc).__name__}: "
                 f"{sentence(str(exc) or 'no details')} The partial answer was dropped; "
                 "run again."
             ) from exc
         except httpx.HTTPError as exc:
-            raise _not_retried(exc, self.api, self._url) from exc
+            raise _not_retried(exc, self.api, self._shown_url) from exc
         finally:
             await response.aclose()
             await _run_down(lines)
@@ -781,14 +811,14 @@ class HTTPModel:
                 # The request could not even be written: sending it again would fail the
                 # same way. Its message may quote a header, which may hold the key.
                 raise ModelError(
-                    f"The {self.api} request to {self._url} could not be written "
+                    f"The {self.api} request to {self._shown_url} could not be written "
                     f"({type(exc).__name__}); this is not retried. Check the headers and "
                     "the api_key given to the adapter."
                 ) from exc
             except httpx.TransportError as exc:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
                 failure: ModelError = ModelConnectionError(
-                    f"Could not reach the {self.api} API at {self._url}{tries}: "
+                    f"Could not reach the {self.api} API at {self._shown_url}{tries}: "
                     f"{type(exc).__name__}: {sentence(str(exc) or 'no details')} "
                     "Check base_url and that the server is up, then run again."
                 )
@@ -796,7 +826,7 @@ class HTTPModel:
             except httpx.HTTPError as exc:
                 # Not a network failure (an undecodable body, too many redirects):
                 # sending the same request again would fail the same way.
-                raise _not_retried(exc, self.api, self._url) from exc
+                raise _not_retried(exc, self.api, self._shown_url) from exc
             else:
                 failure = _response_error(response, self.api, attempt)
                 if not should_retry(response.status_code):

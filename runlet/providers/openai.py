@@ -39,6 +39,7 @@ from ._http import (  # raises a helpful ImportError when httpx is missing
     api_error,
     api_root,
     call_text,
+    loads,
     merge_headers,
     parse_arguments,
     parse_json,
@@ -560,8 +561,8 @@ class _PartialCall:
         if not self.name:
             return False
         try:
-            return isinstance(json.loads("".join(self.arguments)), dict)
-        except ValueError:
+            return isinstance(loads("".join(self.arguments)), dict)
+        except (ValueError, RecursionError):
             return False
 
 
