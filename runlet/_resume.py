@@ -233,7 +233,9 @@ async def _resume_plain(
     emit: Emit | None,
     trace: RunTrace | None,
 ) -> RunResult:
-    """At least once: load, continue (the next checkpoint is saved as usual), delete."""
+    """At least once: load, continue, save the next checkpoint (if the run interrupted
+    again), delete this one, and only then report the interruption: a stream consumer
+    that leaves at the ``Interrupted`` event finds the resume finished."""
     store = loop.store
     assert store is not None
     checkpoint = await store.load(checkpoint_id)
@@ -243,7 +245,13 @@ async def _resume_plain(
     if trace is not None:
         trace.resumed(checkpoint, tuple(answers.values()))
     await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller runs nothing
-    result, _ = await _continue(loop, agent, checkpoint, answers, (), None, None, emit, trace)
+    deferred: list[Checkpoint] = []
+    result, _ = await _continue(loop, agent, checkpoint, answers, (), None, deferred, emit, trace)
+    next_checkpoint = deferred[0] if deferred else None
+    if next_checkpoint is not None:  # saved before this one goes: never neither
+        await store.save(next_checkpoint)
+        if trace is not None:
+            trace.interrupted(next_checkpoint)
     try:
         await store.delete(checkpoint_id)
     except anyio.get_cancelled_exc_class():
@@ -254,6 +262,10 @@ async def _resume_plain(
         with contextlib.suppress(Exception):  # the cancellation is what the caller sees
             await to_the_end(partial(store.delete, checkpoint_id))
         raise
+    if emit is not None and next_checkpoint is not None:
+        await emit(
+            Interrupted(next_checkpoint.request, next_checkpoint.id, next_checkpoint.open_requests)
+        )
     return result
 
 

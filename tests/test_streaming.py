@@ -705,6 +705,58 @@ async def test_a_stream_left_at_interrupted_has_the_interrupted_result() -> None
         assert stream.result.interruption == interrupted.request
 
 
+class AwaitingPlainStore:
+    """A three-method store whose every call waits, as a database's does."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Checkpoint] = {}
+        self.calls: list[str] = []
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.calls.append(f"save {checkpoint.id}")
+        self.data[checkpoint.id] = checkpoint
+
+    async def load(self, checkpoint_id: str) -> Checkpoint:
+        await anyio.lowlevel.checkpoint()
+        return self.data[checkpoint_id]
+
+    async def delete(self, checkpoint_id: str) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.calls.append(f"delete {checkpoint_id}")
+        self.data.pop(checkpoint_id, None)
+
+
+async def test_a_plain_store_resume_stream_left_at_interrupted_has_its_result() -> None:
+    # A plain store's resume saves the next checkpoint, then deletes the one it resumed,
+    # and only then says Interrupted: leaving there stops nothing that was still to do.
+    gated = tool("b", echo, requires_approval=True)
+    agent = Agent("a", "", ScriptedModel([call("b", n=1), call("b", n=2)]), tools=[gated])
+    store = AwaitingPlainStore()
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "go")
+    assert first.checkpoint_id is not None
+    assert first.interruption is not None
+    answer = HumanResponse(first.interruption.id, "approve")
+    stopped_at: list[Interrupted] = []
+    with anyio.fail_after(GUARD):
+        async with runtime.stream_resume(
+            agent, checkpoint_id=first.checkpoint_id, response=answer
+        ) as stream:
+            async for event in stream:
+                if isinstance(event, Interrupted):
+                    stopped_at.append(event)
+                    break
+    (interrupted,) = stopped_at
+    assert stream.result.status == "interrupted"
+    assert stream.result.checkpoint_id == interrupted.checkpoint_id
+    assert list(store.data) == [interrupted.checkpoint_id]  # the old one is gone
+    assert store.calls[-2:] == [
+        f"save {interrupted.checkpoint_id}",
+        f"delete {first.checkpoint_id}",
+    ]
+
+
 async def test_a_finished_stream_iterated_again_after_its_block_just_ends() -> None:
     async with Runtime().stream(Agent("a", "", ScriptedModel(["Hi."])), "go") as stream:
         events = [event async for event in stream]
