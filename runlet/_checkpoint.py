@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -365,12 +366,40 @@ def _unstructure_datetime(value: datetime) -> str:
     return value.isoformat()
 
 
+# ISO 8601 date-times as Python 3.11's fromisoformat() reads them and 3.10's does not:
+# "Z", any number of fraction digits, offsets "+HH" and "+HHMM", the basic format.
+_ISO_DATETIME = re.compile(
+    r"(\d{4})-?(\d{2})-?(\d{2})[T ](\d{2}):?(\d{2})(?::?(\d{2}))?(?:[.,](\d*))?"
+    r"(?:(Z)|([+-])(\d{2})(?::?(\d{2}))?(?::?(\d{2}))?)?",
+    re.ASCII,
+)
+
+
+def _fromisoformat(value: str) -> datetime:
+    """``datetime.fromisoformat`` that reads, on every Python, what 3.11's reads: a
+    checkpoint written by another tool (PostgreSQL's ``to_json``, Go's RFC 3339) must not
+    load on one worker and fail on another."""
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        match = _ISO_DATETIME.fullmatch(value)
+        if match is None:
+            raise
+    year, month, day, hour, minute, second, fraction, z, sign, oh, om, os_ = match.groups()
+    text = f"{year}-{month}-{day}T{hour}:{minute}:{second or '00'}"
+    if fraction:
+        text += "." + fraction[:6].ljust(6, "0")  # beyond microseconds: cut, as 3.11 does
+    if z:
+        text += "+00:00"
+    elif sign:
+        text += f"{sign}{oh}:{om or '00'}" + (f":{os_}" if os_ else "")
+    return datetime.fromisoformat(text)
+
+
 def _structure_datetime(value: Any, _: Any) -> datetime:
     if not isinstance(value, str):
         raise TypeError(f"expected an ISO 8601 date-time string, got {type(value).__name__}")
-    if value.endswith("Z"):  # fromisoformat() reads "Z" only from Python 3.11 on
-        value = value[:-1] + "+00:00"
-    parsed = datetime.fromisoformat(value)
+    parsed = _fromisoformat(value)
     if parsed.tzinfo is timezone.utc:  # what Runlet writes: nothing to convert
         return parsed
     if parsed.tzinfo is None:

@@ -134,7 +134,19 @@ class TestRoundTrip:
         assert unstructure(ToolCall("call_1", "ping")) == {"id": "call_1", "name": "ping"}
 
     @pytest.mark.parametrize(
-        "written", ["2026-11-30T09:15:00.250000+01:00", "2026-11-30T08:15:00.250000Z"]
+        "written",
+        [
+            "2026-11-30T09:15:00.250000+01:00",
+            "2026-11-30T08:15:00.250000Z",
+            # What other tools write, which Python 3.10's fromisoformat() alone refuses
+            # (3.11 reads them): a worker on 3.10 must read what one on 3.13 reads.
+            "2026-11-30T08:15:00.25Z",  # fewer fraction digits
+            "2026-11-30T08:15:00.25+00:00",  # PostgreSQL's to_json(timestamptz)
+            "2026-11-30T08:15:00.250000999Z",  # nanoseconds (Go): cut to microseconds
+            "2026-11-30T09:15:00.25+01",  # an offset in hours
+            "2026-11-30T03:45:00,25-0430",  # a comma, an offset without a colon
+            "20261130T081500.25Z",  # the basic format
+        ],
     )
     def test_times_in_other_zones_come_back_as_the_same_instant_in_utc(self, written: str) -> None:
         data = unstructure(attrs.evolve(_request(), created_at=WHEN))
@@ -145,6 +157,24 @@ class TestRoundTrip:
         # Equal instants compare equal whatever their zone: the zone is checked too.
         assert (WHEN, UTC) == (created_at, created_at.tzinfo)
         assert "2026-11-30T08:15:00.250000+00:00" == created_at.isoformat()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "2026-11-30",  # a date alone
+        "2026-11-30T08:15:00",  # no zone: refused, times are aware UTC
+        "2026-13-30T08:15:00Z",  # no 13th month
+        "2026-11-30T08:15:00+25:00",  # no such offset
+        "yesterday",
+    ],
+)
+def test_a_time_that_is_not_one_is_refused(written: str) -> None:
+    data = unstructure(_request())
+    data["created_at"] = written
+
+    with pytest.raises(CheckpointSerializationError, match="created_at"):
+        structure(data, HumanRequest)
 
 
 def _request() -> HumanRequest:

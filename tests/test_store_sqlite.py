@@ -352,6 +352,23 @@ class _Row:
         return self.row
 
 
+def test_a_sqlite_without_json_functions_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # list_pending needs json_each(), an option of SQLite builds before 3.38: a build
+    # without it is refused when the store is made, not at the first metadata filter.
+    import runlet.stores.sqlite as module
+
+    monkeypatch.setattr(module, "_checked_sqlite", [])
+    monkeypatch.setattr(module, "_JSON_PROBE", "SELECT count(*) FROM no_such_json_each('[1]')")
+    with pytest.raises(ConfigurationError, match="SQLite's JSON functions") as info:
+        SQLiteCheckpointStore(":memory:")
+    assert "no such table: no_such_json_each" in str(info.value)
+    monkeypatch.setattr(module, "_JSON_PROBE", "SELECT count(*) FROM json_each('[1]')")
+    SQLiteCheckpointStore(":memory:")  # the real probe passes: checked once, then known
+    assert module._checked_sqlite == [True]
+
+
 def test_switching_to_wal_is_retried_while_the_file_is_locked() -> None:
     store = SQLiteCheckpointStore(":memory:", busy_timeout=5)
     conn = _LockedAtFirst(locked=2)

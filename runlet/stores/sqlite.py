@@ -254,6 +254,34 @@ STATEMENTS: Final = Statements(
 
 # UPDATE ... RETURNING arrived in SQLite 3.35 (2021).
 _MIN_SQLITE = (3, 35, 0)
+# list_pending filters by metadata with json_each(): built in since SQLite 3.38, an
+# option (JSON1) of the build before, which nearly every build turns on.
+_JSON_PROBE = "SELECT count(*) FROM json_each('[1]')"
+_checked_sqlite: list[bool] = []
+
+
+def _check_sqlite() -> None:
+    """Refuse, once per process, a SQLite the store cannot work with."""
+    if _checked_sqlite:
+        return
+    if sqlite3.sqlite_version_info < _MIN_SQLITE:  # pragma: no cover - old platforms
+        raise ConfigurationError(
+            f"SQLiteCheckpointStore needs SQLite 3.35 or newer; this Python has "
+            f"{sqlite3.sqlite_version}. Use a newer Python build."
+        )
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute(_JSON_PROBE)
+    except sqlite3.OperationalError as exc:
+        raise ConfigurationError(
+            f"SQLiteCheckpointStore needs SQLite's JSON functions, which this Python's "
+            f"SQLite {sqlite3.sqlite_version} was built without ({exc}). They are built in "
+            "from SQLite 3.38 on; use a Python linked against such a SQLite, or one built "
+            "with JSON1."
+        ) from None
+    finally:
+        probe.close()
+    _checked_sqlite.append(True)
 
 
 class SQLiteCheckpointStore(SQLStore):
@@ -282,8 +310,9 @@ class SQLiteCheckpointStore(SQLStore):
 
     Raises:
         ~runlet.ConfigurationError: An argument is out of range, or Python's SQLite is older
-            than 3.35; on entering, the file cannot be opened (its directory is missing,
-            or it is not a SQLite database).
+            than 3.35 or lacks its JSON functions (built in from 3.38); on entering, the
+            file cannot be opened (its directory is missing, or it is not a SQLite
+            database).
         ~runlet.StoreSchemaError: On entering, the file holds tables of an unknown schema.
     """
 
@@ -298,11 +327,7 @@ class SQLiteCheckpointStore(SQLStore):
         busy_timeout: float = 10.0,
         connections: int = 4,
     ) -> None:
-        if sqlite3.sqlite_version_info < _MIN_SQLITE:  # pragma: no cover - old platforms
-            raise ConfigurationError(
-                f"SQLiteCheckpointStore needs SQLite 3.35 or newer; this Python has "
-                f"{sqlite3.sqlite_version}. Use a newer Python build."
-            )
+        _check_sqlite()
         if not is_seconds(busy_timeout):
             raise ConfigurationError(
                 f"busy_timeout must be a non-negative number of seconds, not {busy_timeout!r}."
