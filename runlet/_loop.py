@@ -50,7 +50,7 @@ from ._model import (
 )
 from ._result import RunResult
 from ._store import CheckpointStore
-from ._tools import ToolContext, ToolSpec, edited_content
+from ._tools import ToolContext, ToolSpec, edited_content, handler_failed
 from ._tracing import Tracing
 from ._util import own_copy, side_by_side, slot_builder
 
@@ -222,6 +222,7 @@ class Loop:
                 try:
                     ask = await tool._needs_approval(call.arguments, tool_context(run, call))
                 except Exception as exc:  # noqa: BLE001 - the call is not run; the model is told
+                    await handler_failed()  # unless the run was cancelled meanwhile
                     problem = (
                         f"The approval policy of tool {call.name!r} failed "
                         f"({type(exc).__name__}: {exc}), so the call was not run."
@@ -382,6 +383,7 @@ async def run_tool(
             # made, nor the arguments a person approved (the audit trail keeps those).
             value = await tool.handler(own_copy(arguments), context)
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
+            await handler_failed()  # unless the run was cancelled: see there
             content, is_error = tool._failed(exc)
         else:
             content, is_error = tool._content(value)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 import jsonschema_rs
@@ -444,6 +445,7 @@ class ToolSpec:
                         True,
                     )
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
+            await handler_failed()  # unless the run was cancelled: see there
             return self._failed(exc)
         return self._content(value)
 
@@ -491,3 +493,12 @@ def _where(path: Any) -> str:
     if not parts:
         return ""
     return "at " + "".join(f"[{p!r}]" for p in parts) + ": "
+
+
+async def handler_failed() -> None:
+    """Called when a handler raised an ordinary exception: if the run was cancelled
+    meanwhile, go on being cancelled. A handler whose cleanup raises (a ``finally`` that
+    fails while the cancellation passes through) would otherwise turn the cancellation
+    into an error result for the model, and on trio, where nothing re-delivers it, a run
+    that does not wait again would finish as if no deadline had passed."""
+    await anyio.lowlevel.checkpoint_if_cancelled()

@@ -618,6 +618,49 @@ class TestCancellation:
         # Every tool saw the cancellation before run() gave control back.
         assert sorted(cleaned) == ["w0", "w1", "w2"]
 
+    @pytest.mark.parametrize("shape", ["one call", "side by side", "timed", "policy"])
+    async def test_a_cancellation_a_handler_turns_into_an_error_still_cancels(
+        self, shape: str
+    ) -> None:
+        # A handler (or policy) whose cleanup raises replaces the cancellation with its
+        # own error. The run must still end cancelled, not hand the error to the model
+        # and go on: on trio nothing else would deliver the cancellation again, since
+        # the scripted model never waits.
+        started = anyio.Event()
+
+        async def slow(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                raise RuntimeError("cleanup failed")  # the cancellation is lost here
+
+        async def policy(arguments: Mapping[str, Any], context: ToolContext) -> bool:
+            await slow(arguments, context)
+            return False  # pragma: no cover
+
+        ids = ["a", "b"] if shape == "side by side" else ["a"]
+        if shape == "policy":
+            slow_tool = ToolSpec("slow", "", {"type": "object"}, slow, requires_approval=policy)
+        else:
+            timeout = 3600.0 if shape == "timed" else None
+            slow_tool = ToolSpec("slow", "", {"type": "object"}, slow, timeout=timeout)
+        model = ScriptedModel([[call("slow", id=i) for i in ids], "finished anyway"])
+        scope = anyio.CancelScope()
+        returned: list[Any] = []
+
+        async def run_it() -> None:
+            with scope:
+                returned.append(await Runtime().run(agent(model, slow_tool), "go"))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(run_it)
+                await started.wait()
+                scope.cancel()
+        assert scope.cancelled_caught
+        assert returned == []
+
     async def test_move_on_after_around_run(self) -> None:
         async def forever(arguments: Mapping[str, Any], context: ToolContext) -> str:
             await anyio.sleep_forever()
