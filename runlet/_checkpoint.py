@@ -18,14 +18,15 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest, _new_request
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
-from ._tools import show_arguments
+from ._tools import ToolDefinition, show_arguments
 from ._util import slot_builder
 
 if TYPE_CHECKING:
     from ._events import StreamEvent
     from ._human import HumanResponse
+    from ._model import ModelRequest, ModelResponse
     from ._result import RunResult
-    from ._store import CallRecord, PendingRequest, Resolution
+    from ._store import CallRecord, Claim, PendingRequest, Resolution, StoredCheckpoint
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -1017,6 +1018,11 @@ def unstructure(
     | Checkpoint
     | CallRecord
     | Resolution
+    | StoredCheckpoint
+    | Claim
+    | ModelRequest
+    | ModelResponse
+    | ToolDefinition
     | StreamEvent,
 ) -> dict[str, Any]: ...
 

@@ -7,7 +7,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import anyio
 from anyio.abc import TaskGroup
@@ -29,11 +29,8 @@ from ._messages import ZERO_USAGE, Message
 from ._result import RunResult
 from ._resume import resume
 from ._store import DURABLE_MEMBERS, DURABLE_ONLY, CheckpointStore, DurableCheckpointStore
-from ._tracing import RunTrace, Tracing, cancel_span, run_span
+from ._tracing import RunTrace, TracerProviderLike, Tracing, cancel_span, run_span
 from ._util import cancelled_here, own_copy
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -84,7 +81,7 @@ class Runtime:
         *,
         max_turns: int = 50,
         clock: Clock | None = None,
-        tracer_provider: TracerProvider | None = None,
+        tracer_provider: TracerProviderLike | None = None,
         trace_content: bool | None = None,
     ) -> None:
         if type(max_turns) is not int or max_turns < 1:

@@ -25,7 +25,7 @@ import os
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from contextvars import Token
 
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, Tracer
 
     from ._agent import Agent
     from ._checkpoint import Checkpoint
@@ -122,6 +122,14 @@ _PROVIDER_ENV = "OTEL_PYTHON_TRACER_PROVIDER"
 _TRUE = frozenset({"true", "1", "yes", "on"})
 
 
+class TracerProviderLike(Protocol):
+    """What Runlet needs of an OpenTelemetry ``TracerProvider``: its ``get_tracer()``.
+    Typed without OpenTelemetry, so the signature of ``Runtime`` is fully known also
+    where it is not installed."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 class _Api:
     """The OpenTelemetry API modules, imported on first use."""
 
@@ -176,7 +184,7 @@ class Tracing:
 
     __slots__ = ("_provider_seen", "_tracer", "content", "provider")
 
-    def __init__(self, provider: TracerProvider | None, content: bool | None) -> None:
+    def __init__(self, provider: TracerProviderLike | None, content: bool | None) -> None:
         self.provider = provider
         self.content = content
         self._provider_seen: object = None

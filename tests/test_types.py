@@ -492,11 +492,13 @@ class TestPublicSurface:
         # that gathers an array's) inside the checkpoint converter's hooks, where
         # structuring turns them into a CheckpointSerializationError;
         # TypeError inside the Anthropic adapter's readers, which `reading()` turns into a
-        # ModelResponseError.
+        # ModelResponseError; ValueError from the JSON reader's hook that refuses NaN,
+        # which `parse_json()` and `parse_arguments()` turn into a ModelResponseError.
         allowed = {StopAsyncIteration, SystemExit, NotImplementedError, ImportError}
         converter_hooks = {
             "runlet._checkpoint": {TypeError, ValueError, cattrs.errors.IterableValidationError},
             "runlet.providers.anthropic": {TypeError},
+            "runlet.providers._http": {ValueError},
         }
         root = Path(runlet.__file__).parent
         for path in sorted(root.rglob("*.py")):

@@ -26,10 +26,10 @@ try:
     import psycopg
     import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict
-except ImportError as exc:  # pragma: no cover - the tests install the extra
+except ImportError as _missing:  # pragma: no cover - the tests install the extra
     raise ImportError(
         'runlet.stores.postgres needs psycopg 3 and psycopg-pool: pip install "runlet[postgres]"'
-    ) from exc
+    ) from _missing
 
 __all__ = ["PostgresCheckpointStore"]
 

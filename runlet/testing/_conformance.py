@@ -288,7 +288,7 @@ def store_conformance_tests(
     *,
     backends: tuple[Literal["asyncio", "trio"], ...] = ("asyncio", "trio"),
     second_handle: SecondHandle | None = None,
-) -> type:
+) -> type[Any]:
     """A pytest test class that checks a :class:`~runlet.DurableCheckpointStore`.
 
     Assign it to a name starting with ``Test`` in a test module. Needs pytest and the

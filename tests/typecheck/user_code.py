@@ -17,6 +17,7 @@ from runlet import (
     Decision,
     DurableCheckpointStore,
     HumanResponse,
+    InMemoryCheckpointStore,
     Interrupted,
     Message,
     ModelRequest,
@@ -212,3 +213,33 @@ def fresh_store(lease: float) -> AbstractAsyncContextManager[DurableCheckpointSt
 def conformance_on_a_typo() -> None:
     store_conformance_tests(fresh_store, backends=("asyncio", "trio"))
     store_conformance_tests(fresh_store, backends=("asynco",))  # type: ignore[arg-type]
+
+
+class HandMadeTracerProvider:
+    """An OpenTelemetry-like provider (OpenTelemetry's own passes the same way, and the
+    signature of Runtime is fully typed without OpenTelemetry installed)."""
+
+    def get_tracer(
+        self, instrumenting_module_name: str, instrumenting_library_version: str | None = None
+    ) -> Any:
+        return None
+
+
+def tracer_providers() -> None:
+    Runtime(tracer_provider=HandMadeTracerProvider())
+    Runtime(tracer_provider=None)
+    Runtime(tracer_provider=5)  # type: ignore[arg-type]
+
+
+def every_public_data_class_unstructures(
+    request: ModelRequest, response: ModelResponse, stored: StoredCheckpoint, claim: Claim
+) -> list[dict[str, Any]]:
+    definition = request.tools[0] if request.tools else None
+    shown = [unstructure(request), unstructure(response), unstructure(stored), unstructure(claim)]
+    if definition is not None:
+        shown.append(unstructure(definition))
+    return shown
+
+
+class TestMyStore(store_conformance_tests(lambda lease: InMemoryCheckpointStore())):  # type: ignore[misc]  # mypy refuses any computed base class; pyright takes it
+    async def test_extra(self) -> None: ...
