@@ -29,6 +29,7 @@ from ._errors import ModelAPIError as ModelAPIError
 from ._errors import ModelConnectionError as ModelConnectionError
 from ._errors import ModelError as ModelError
 from ._errors import ModelResponseError as ModelResponseError
+from ._errors import ResultNotRecordedError as ResultNotRecordedError
 from ._errors import ResumeError as ResumeError
 from ._errors import RunletError as RunletError
 from ._errors import StoreSchemaError as StoreSchemaError
@@ -141,6 +142,7 @@ __all__ = [
     "ReasoningDelta",
     "ReasoningPart",
     "Resolution",
+    "ResultNotRecordedError",
     "ResumeError",
     "Role",
     "RunFinished",

@@ -24,7 +24,8 @@ The tree::
     │   ├── CheckpointClaimedError    another resume holds the checkpoint right now
     │   ├── CheckpointResolvedError   the checkpoint was already resolved
     │   ├── LeaseLostError            this resume's claim ran out and another took over
-    │   └── MissingToolError          the agent given to resume lacks a pending call's tool
+    │   ├── MissingToolError          the agent given to resume lacks a pending call's tool
+    │   └── ResultNotRecordedError    an approved call ran, but the store failed to record it
     └── CheckpointSerializationError  checkpoint data cannot be turned into JSON or back
 
 A web handler can map them to HTTP statuses by class alone: ``CheckpointCancelledError``
@@ -41,6 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._messages import ToolResult
     from ._store import Resolution
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "ModelConnectionError",
     "ModelError",
     "ModelResponseError",
+    "ResultNotRecordedError",
     "ResumeError",
     "RunletError",
     "StoreSchemaError",
@@ -323,6 +326,33 @@ class MissingToolError(ResumeError):
     ) -> None:
         super().__init__(message, checkpoint_id=checkpoint_id)
         self.tool_name = tool_name
+
+
+class ResultNotRecordedError(ResumeError):
+    """Raised by a resume when an approved call's handler finished but the store failed to
+    record its result (a full disk, a database locked for longer than its timeout, a
+    statement timeout): the store's own error is the ``__cause__``. The call stays
+    recorded as started, so the next attempt cannot tell whether it took effect: it asks
+    a person again (``outcome_unknown``), or runs it again with the same idempotency key
+    if the tool is ``idempotent``. Log :attr:`result`: it is what the handler returned
+    (a payment's reference, say), which helps that person decide.
+
+    Attributes:
+        tool_call_id: The call whose result was not recorded.
+        result: The :class:`~runlet.ToolResult` the handler produced.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        checkpoint_id: str | None = None,
+        tool_call_id: str,
+        result: ToolResult,
+    ) -> None:
+        super().__init__(message, checkpoint_id=checkpoint_id)
+        self.tool_call_id = tool_call_id
+        self.result = result
 
 
 class CheckpointSerializationError(RunletError):

@@ -45,9 +45,10 @@ EXPIRY_MESSAGE = (
 on its request."""
 
 OUTCOME_UNKNOWN_PROMPT = (
-    "An earlier attempt to run this approved call was cut off while the tool was running, "
-    "so it is unknown whether it took effect. Check before you decide: approve runs it "
-    "again, reject leaves it as it is."
+    "An earlier attempt to run this approved call did not record how it ended (it was cut "
+    "off while the tool was running, or its result could not be stored), so it is unknown "
+    "whether it took effect. Check before you decide: approve runs it again, reject "
+    "leaves it as it is."
 )
 """The text that starts the prompt of an ``outcome_unknown`` request."""
 

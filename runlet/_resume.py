@@ -49,6 +49,8 @@ from ._errors import (
     HumanResponseError,
     LeaseLostError,
     MissingToolError,
+    ResultNotRecordedError,
+    RunletError,
 )
 from ._events import Interrupted, ToolCallFinished, ToolCallStarted
 from ._human import (
@@ -631,7 +633,20 @@ async def _run_approved(
     # The result is recorded before anything else can be awaited (a cancellation may be
     # waiting since the handler ran), then reported: a retry never runs the call again.
     if record is not None:
-        await record([_new_record(tool_call_id=call.id, decision=decision, result=result)])
+        try:
+            await record([_new_record(tool_call_id=call.id, decision=decision, result=result)])
+        except RunletError:  # a lost lease, say: the store's own words
+            raise
+        except Exception as exc:
+            raise ResultNotRecordedError(
+                f"Tool {call.name!r} finished (call {call.id!r}), but the store could not "
+                f"record its result: {type(exc).__name__}: {exc}. The call stays recorded "
+                "as started, so resuming again asks a person whether to run it again "
+                "(outcome_unknown), or runs it again with the same idempotency key if the "
+                "tool is idempotent. The handler's result is on this error's `result`.",
+                tool_call_id=call.id,
+                result=result,
+            ) from exc
     if run.emit is not None:
         await run.emit(ToolCallFinished(call, result))
 

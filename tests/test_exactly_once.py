@@ -1078,6 +1078,58 @@ async def test_a_failing_resolve_releases_the_claim() -> None:
     assert 1 == len(payments.attempts)
 
 
+class FailingResultRecord(InMemoryCheckpointStore):
+    """A store that records decisions but fails to record results (a full disk)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error: Exception | None = error
+
+    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+        if self.error is not None and any(r.result is not None for r in records):
+            raise self.error
+        await super().record(checkpoint_id, token, records)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_result_the_store_cannot_record_is_on_the_error(idempotent: bool) -> None:
+    store = FailingResultRecord(OSError("database or disk is full"))
+    rt, agent, payments, _, first = await refund_run(
+        store=store, script=["Done.", "Done."], idempotent=idempotent
+    )
+    with pytest.raises(runlet.ResultNotRecordedError) as info:
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    error = info.value
+    assert isinstance(error, runlet.ResumeError)
+    assert isinstance(error.__cause__, OSError)
+    assert (error.checkpoint_id, error.tool_call_id) == (cp(first), "c1")
+    assert error.result == runlet.ToolResult("c1", "Refunded order 1.")
+    assert "Tool 'refund' finished (call 'c1'), but the store could not record" in str(error)
+    assert "OSError: database or disk is full" in str(error)
+    assert 1 == len(payments.attempts)
+    # The store still says "started": the next resume cannot know the outcome.
+    store.error = None
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    if idempotent:  # run again with the same key: the payment service pays once
+        assert "completed" == again.status
+        assert [payments.attempts[0]] * 2 == payments.attempts
+        assert 1 == len(payments.paid)
+    else:
+        assert "interrupted" == again.status
+        assert again.interruption is not None
+        assert again.interruption.outcome_unknown
+        assert again.interruption.prompt.startswith(runlet.OUTCOME_UNKNOWN_PROMPT)
+        assert "or its result could not be stored" in runlet.OUTCOME_UNKNOWN_PROMPT
+        assert 1 == len(payments.attempts)
+
+
+async def test_a_lost_lease_on_the_result_record_stays_a_lease_lost_error() -> None:
+    store = FailingResultRecord(runlet.LeaseLostError("taken over"))
+    rt, agent, _, _, first = await refund_run(store=store, script=["Done."])
+    with pytest.raises(runlet.LeaseLostError, match="taken over"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
 class _NativeCancel:
     """Cancellation the backend's own way, as its timeouts do it: on asyncio
     ``Task.cancel()`` (what ``asyncio.timeout()`` and ``wait_for()`` call), which goes
@@ -2025,8 +2077,10 @@ async def test_a_store_failure_among_several_approved_calls_is_raised_as_itself(
     first = await rt.run(agent, "Refund both.")
     answers = [HumanResponse(r.id, "approve") for r in first.pending_requests]
 
-    with pytest.raises(OSError, match="disk full"):  # not an exception group
+    # Not an exception group: the one failure, as itself.
+    with pytest.raises(runlet.ResultNotRecordedError, match="disk full") as info:
         await rt.resume(agent, checkpoint_id=cp(first), responses=answers)
+    assert isinstance(info.value.__cause__, OSError)
     assert "pending" == (await store.get(cp(first))).status
 
     store.fail = False
@@ -2065,7 +2119,7 @@ async def test_a_store_failure_among_several_approved_calls_stops_the_others() -
     first = await rt.run(agent_with(model, tool), "Refund both.")
     answers = [HumanResponse(r.id, "approve") for r in first.pending_requests]
 
-    with anyio.fail_after(10), pytest.raises(OSError, match="disk full"):
+    with anyio.fail_after(10), pytest.raises(runlet.ResultNotRecordedError, match="disk full"):
         await rt.resume(agent_with(model, tool), checkpoint_id=cp(first), responses=answers)
 
     assert ["1"] == finished

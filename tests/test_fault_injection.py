@@ -193,6 +193,7 @@ async def disturbed(
     faults.points.clear()
     faults.target, faults.when, faults.kind = target, when, kind
     result: runlet.RunResult | None = None
+    causes: list[BaseException | None] = []
     with anyio.CancelScope() as scope:
         faults.scope = scope
         try:
@@ -209,6 +210,10 @@ async def disturbed(
                 )
         except (Injected, runlet.ModelError):
             result = None
+        except runlet.ResultNotRecordedError as error:  # the store failed a result record
+            causes.append(error.__cause__)
+            result = None
+    assert all(isinstance(cause, Injected) for cause in causes)
     assert faults.target is None, "the fault was injected"
     for _ in range(3):  # retries, undisturbed
         result = await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=response)
