@@ -13,12 +13,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import attrs
 import pytest
 from _store_semantics import checkpoint, semantics_tests, sql_store_tests
 from conftest import BACKENDS
 
 from runlet import (
     CheckpointClaimedError,
+    CheckpointNotFoundError,
     CheckpointSerializationError,
     ConfigurationError,
     InMemoryCheckpointStore,
@@ -284,6 +286,42 @@ async def test_the_stores_page_example_runs(
     assert 1 == len(namespace["paid"])
     assert "Invoice A-1 is paid." == namespace["again"].output
     assert (tmp_path / "checkpoints.db").exists()
+
+
+async def test_a_purge_goes_in_batches_that_let_other_writers_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A backlog is purged a batch per transaction, oldest first, with a pause between
+    # batches in which another writer's save gets the lock; all of it is purged in the
+    # end, records included, and nothing that finished after the purge began.
+    import runlet.stores._sql as sql_module
+
+    pauses: list[float] = []
+    writes_between: list[str] = []
+
+    async def pause() -> None:
+        pauses.append(sql_module._PURGE_PAUSE)
+        if len(pauses) == 1:  # another process's write, while the purge pauses
+            await store.save(checkpoint("cp_new"))
+            await store.cancel("cp_new")  # finished after the purge's cutoff
+            writes_between.append("cp_new")
+
+    monkeypatch.setattr(sql_module, "_between_batches", pause)
+    async with SQLiteCheckpointStore(":memory:") as store:
+        store._sql = attrs.evolve(store._sql, purge_batch=2)
+        for n in range(5):
+            await store.save(checkpoint(f"cp_{n}"))
+            await store.cancel(f"cp_{n}")
+        await store.save(checkpoint("cp_open"))
+        assert 5 == await store.purge_resolved(older_than=0)
+        assert 2 == len(pauses)  # 2 + 2 + 1: a pause after each full batch
+        assert ["cp_new"] == writes_between
+        assert "cancelled" == (await store.get("cp_new")).status  # after the cutoff
+        assert "pending" == (await store.get("cp_open")).status
+        for n in range(5):
+            with pytest.raises(CheckpointNotFoundError):
+                await store.get(f"cp_{n}")
+        assert 1 == await store.purge_resolved(older_than=0)  # now cp_new too
 
 
 async def test_a_file_that_is_not_a_database_is_refused() -> None:

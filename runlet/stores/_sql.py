@@ -65,6 +65,15 @@ from .._util import is_seconds, to_the_end
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
 _THOUSAND_YEARS: Final = 1000 * 365.25 * 24 * 3600
+# Seconds a batched purge waits between batches (see Statements.purge_batch).
+_PURGE_PAUSE: Final = 0.05
+
+
+async def _between_batches() -> None:
+    """Other processes' writes wait for the lock while a batch runs: give them a turn,
+    long enough for SQLite's busy handler (which sleeps between its tries) to take it."""
+    await anyio.sleep(_PURGE_PAUSE)
+
 
 SCHEMA_VERSION: Final = 1
 """The version of the tables the stores create, kept in ``runlet_schema``."""
@@ -110,6 +119,11 @@ class Statements:
     decisions: str
     purge_records: str
     purge: str
+    # SQLite: one writer at a time, so a purge goes in batches of *purge_batch*
+    # checkpoints, with a pause between them for the other writers; *purge_cutoff*
+    # fixes the purge's "now" once, so every batch deletes up to the same instant.
+    purge_cutoff: str | None = None
+    purge_batch: int | None = None
 
 
 class SQLStore:
@@ -576,15 +590,26 @@ class SQLStore:
             )
         # Nothing finished before the store existed: an age beyond any the database's
         # date arithmetic can take means the same as a thousand years.
-        params = {"age": min(float(age), _THOUSAND_YEARS)}
+        sql = self._sql
+        params: dict[str, Any] = {"age": min(float(age), _THOUSAND_YEARS)}
+        if sql.purge_batch is not None:
+            params["batch"] = sql.purge_batch
 
         def work() -> int:
             with self._connection(write=True, atomic=True) as conn:
-                conn.execute(self._sql.purge_records, params)
-                purged: int = conn.execute(self._sql.purge, params).rowcount
+                if sql.purge_cutoff is not None and "cutoff" not in params:
+                    params["cutoff"] = conn.execute(sql.purge_cutoff, params).fetchone()[0]
+                conn.execute(sql.purge_records, params)
+                purged: int = conn.execute(sql.purge, params).rowcount
             return purged
 
-        return await self._run(work)
+        total = 0
+        while True:
+            purged = await self._run(work)
+            total += purged
+            if sql.purge_batch is None or purged < sql.purge_batch:
+                return total
+            await _between_batches()
 
     def _claimed(self, conn: Connection, data: str, params: dict[str, Any]) -> Claim:
         """The claim just taken, with its records; if reading them fails, the claim is

@@ -199,16 +199,23 @@ WHERE r.run_id = :run_id
 ORDER BY c.seq, r.rowid
 """
 
-PURGE_RECORDS: Final = """
-DELETE FROM runlet_records WHERE checkpoint_id IN (
-    SELECT id FROM runlet_checkpoints
-    WHERE finished_at <= (julianday('now') - 2440587.5) * 86400.0 - :age)
-"""
+PURGE_CUTOFF: Final = "SELECT (julianday('now') - 2440587.5) * 86400.0 - :age"
 
-PURGE: Final = """
-DELETE FROM runlet_checkpoints
-WHERE finished_at <= (julianday('now') - 2440587.5) * 86400.0 - :age
-"""
+# One batch: the oldest :batch finished checkpoints up to :cutoff, the same ones in both
+# statements (one transaction, and no other writer meanwhile).
+_PURGED = """
+    SELECT id FROM runlet_checkpoints
+    WHERE finished_at <= :cutoff
+    ORDER BY finished_at, id
+    LIMIT :batch"""
+
+PURGE_RECORDS: Final = f"DELETE FROM runlet_records WHERE checkpoint_id IN ({_PURGED})"
+
+PURGE: Final = f"DELETE FROM runlet_checkpoints WHERE id IN ({_PURGED})"
+
+# A purge writes at most this many checkpoints per transaction: a backlog of months
+# would otherwise hold the database's one write lock for many seconds.
+PURGE_BATCH: Final = 500
 
 BEGIN: Final = "BEGIN"
 BEGIN_IMMEDIATE: Final = "BEGIN IMMEDIATE"
@@ -250,6 +257,8 @@ STATEMENTS: Final = Statements(
     decisions=DECISIONS,
     purge_records=PURGE_RECORDS,
     purge=PURGE,
+    purge_cutoff=PURGE_CUTOFF,
+    purge_batch=PURGE_BATCH,
 )
 
 # UPDATE ... RETURNING arrived in SQLite 3.35 (2021).
