@@ -685,21 +685,24 @@ async def test_break_during_model_streaming_closes_the_model_stream() -> None:
         await stream.__anext__()  # no silent end: the rest of the run never happened
 
 
+async def read_to_interrupted(stream: RunStream) -> Interrupted:
+    """Read *stream* up to its Interrupted event, and stop reading there."""
+    async for event in stream:
+        if isinstance(event, Interrupted):
+            return event
+    raise AssertionError("the run never interrupted")  # pragma: no cover
+
+
 async def test_a_stream_left_at_interrupted_has_the_interrupted_result() -> None:
     # An interruption ends the run: a consumer that stops at Interrupted (to resume
     # later) finds the result there, whatever it did not read after it.
     gated = tool("b", echo, requires_approval=True)
     for _ in range(3):  # not a matter of timing
         agent = Agent("a", "", ScriptedModel([call("b")]), tools=[gated])
-        stopped_at: list[Interrupted] = []
         with anyio.fail_after(GUARD):
             runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
             async with runtime.stream(agent, "go") as stream:
-                async for event in stream:
-                    if isinstance(event, Interrupted):
-                        stopped_at.append(event)
-                        break
-        (interrupted,) = stopped_at
+                interrupted = await read_to_interrupted(stream)
         assert stream.result.status == "interrupted"
         assert stream.result.checkpoint_id == interrupted.checkpoint_id
         assert stream.result.interruption == interrupted.request
@@ -738,16 +741,11 @@ async def test_a_plain_store_resume_stream_left_at_interrupted_has_its_result() 
     assert first.checkpoint_id is not None
     assert first.interruption is not None
     answer = HumanResponse(first.interruption.id, "approve")
-    stopped_at: list[Interrupted] = []
     with anyio.fail_after(GUARD):
         async with runtime.stream_resume(
             agent, checkpoint_id=first.checkpoint_id, response=answer
         ) as stream:
-            async for event in stream:
-                if isinstance(event, Interrupted):
-                    stopped_at.append(event)
-                    break
-    (interrupted,) = stopped_at
+            interrupted = await read_to_interrupted(stream)
     assert stream.result.status == "interrupted"
     assert stream.result.checkpoint_id == interrupted.checkpoint_id
     assert list(store.data) == [interrupted.checkpoint_id]  # the old one is gone
