@@ -377,15 +377,24 @@ _ISO_DATETIME = re.compile(
 
 
 def _fromisoformat(value: str) -> datetime:
-    """``datetime.fromisoformat`` that reads, on every Python, what 3.11's reads: a
-    checkpoint written by another tool (PostgreSQL's ``to_json``, Go's RFC 3339) must not
-    load on one worker and fail on another."""
+    """``datetime.fromisoformat`` that reads, on every Python, the spellings of 3.11's
+    that other tools write (PostgreSQL's ``to_json``, Go's RFC 3339): a checkpoint must
+    not load on one worker and fail on another."""
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        match = _ISO_DATETIME.fullmatch(value)
-        if match is None:
+        text = _as_python_310_reads(value)
+        if text is None:
             raise
+    return datetime.fromisoformat(text)
+
+
+def _as_python_310_reads(value: str) -> str | None:
+    """*value*, an ISO 8601 date-time, spelled as Python 3.10's ``fromisoformat`` reads
+    it (``YYYY-MM-DDTHH:MM:SS[.ffffff][+HH:MM[:SS]]``), or ``None`` if it is none."""
+    match = _ISO_DATETIME.fullmatch(value)
+    if match is None:
+        return None
     year, month, day, hour, minute, second, fraction, z, sign, oh, om, os_ = match.groups()
     text = f"{year}-{month}-{day}T{hour}:{minute}:{second or '00'}"
     if fraction:
@@ -394,7 +403,7 @@ def _fromisoformat(value: str) -> datetime:
         text += "+00:00"
     elif sign:
         text += f"{sign}{oh}:{om or '00'}" + (f":{os_}" if os_ else "")
-    return datetime.fromisoformat(text)
+    return text
 
 
 def _structure_datetime(value: Any, _: Any) -> datetime:

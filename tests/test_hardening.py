@@ -986,6 +986,7 @@ class TestTheApprovalPromptShowsWhatIsThere:
             ({"iban": "\u202e3021 20ED\u202c"}, '{"iban": "\\u202e3021 20ED\\u202c"}'),
             ({"amount": 250, "amount\u200b": 25}, '{"amount": 250, "amount\\u200b": 25}'),
             ({"tag": "x\U000e0041"}, '{"tag": "x\\udb40\\udc41"}'),  # beyond the BMP
+            ({"tag": "\uffff"}, '{"tag": "\\uffff"}'),  # the last of the BMP
             ({"order": {"note": "a\u2028b\x7f"}}, '{"order": {"note": "a\\u2028b\\u007f"}}'),
             # Text people can read stays as it is, spaces and all.
             ({"name": "Müller ½ 東京 😀"}, '{"name": "Müller ½ 東京 😀"}'),
@@ -1022,6 +1023,7 @@ class TestArgumentsJSONCannotHold:
             ({"amount": float("nan")}, "nan is not a JSON number"),
             ({"amount": float("inf")}, "inf is not a JSON number"),
             ({"amounts": [1.5, {"x": -float("inf")}]}, "-inf is not a JSON number"),
+            ({"amounts": (1.5, float("nan"))}, "nan is not a JSON number"),  # a tuple
             (_nested(101), "they nest deeper than 100 levels; flatten them"),
             (_nested(5000), "they nest deeper than 100 levels; flatten them"),
         ],

@@ -58,6 +58,7 @@ from runlet import (
     unstructure_checkpoint,
     unstructure_event,
 )
+from runlet._checkpoint import _as_python_310_reads
 
 UTC = datetime.timezone.utc
 WHEN = datetime.datetime(2026, 11, 30, 8, 15, 0, 250000, tzinfo=UTC)
@@ -146,6 +147,8 @@ class TestRoundTrip:
             "2026-11-30T09:15:00.25+01",  # an offset in hours
             "2026-11-30T03:45:00,25-0430",  # a comma, an offset without a colon
             "20261130T081500.25Z",  # the basic format
+            "2026-11-30 08:15:00.25Z",  # a space, as PostgreSQL's text form has it
+            "2026-11-30T08:15:00.250000+00:00:00",  # an offset with seconds
         ],
     )
     def test_times_in_other_zones_come_back_as_the_same_instant_in_utc(self, written: str) -> None:
@@ -167,6 +170,7 @@ class TestRoundTrip:
         "2026-13-30T08:15:00Z",  # no 13th month
         "2026-11-30T08:15:00+25:00",  # no such offset
         "yesterday",
+        "2026-11-30T08:15:00Z and more",  # text after the time
     ],
 )
 def test_a_time_that_is_not_one_is_refused(written: str) -> None:
@@ -175,6 +179,29 @@ def test_a_time_that_is_not_one_is_refused(written: str) -> None:
 
     with pytest.raises(CheckpointSerializationError, match="created_at"):
         structure(data, HumanRequest)
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ("2026-11-30T08:15:00.123456789Z", "2026-11-30T08:15:00.123456+00:00"),
+        ("2026-11-30T08:15:00.25Z", "2026-11-30T08:15:00.250000+00:00"),
+        ("2026-11-30T08:15:00.Z", "2026-11-30T08:15:00+00:00"),  # 3.11 reads it too
+        ("2026-11-30T08:15Z", "2026-11-30T08:15:00+00:00"),
+        ("2026-11-30 08:15:00,5+01", "2026-11-30T08:15:00.500000+01:00"),
+        ("2026-11-30T08:15:00-0430", "2026-11-30T08:15:00-04:30"),
+        ("2026-11-30T08:15:00+01:30:15", "2026-11-30T08:15:00+01:30:15"),
+        ("20261130T081500Z", "2026-11-30T08:15:00+00:00"),
+        ("2026-11-30T08:15:00", "2026-11-30T08:15:00"),  # no zone: refused later
+        ("2026-11-30T08:15:00Z and more", None),
+        ("2026-11-30", None),
+        ("yesterday", None),
+    ],
+)
+def test_times_are_respelled_as_python_3_10_reads_them(written: str, read: str | None) -> None:
+    # The fallback for what 3.10's fromisoformat() refuses, checked on every Python (on
+    # 3.11 and later fromisoformat() reads these itself and the fallback never runs).
+    assert read == _as_python_310_reads(written)
 
 
 def _request() -> HumanRequest:

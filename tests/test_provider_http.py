@@ -315,6 +315,9 @@ class TestAdapters:
             ("http://:hunter2@proxy.test:8080/v1", "http://:***@proxy.test:8080/v1"),
             ("http://bob@proxy.test/v1", "http://bob@proxy.test/v1"),  # no password
             ("http://proxy.test/a:b@c/v1", "http://proxy.test/a:b@c/v1"),  # in the path
+            ("http://h.test/a://b:c@d/v1", "http://h.test/a://b:c@d/v1"),  # deeper still
+            # httpx reads the password up to the last "@" before the path.
+            ("https://bob:p@ss@proxy.test/v1", "https://bob:***@proxy.test/v1"),
         ],
     )
     def test_repr_hides_a_password_in_the_url(self, base_url: str, shown: str) -> None:
@@ -811,6 +814,34 @@ class TestErrorMessages:
         assert info.value.__cause__ is not None
         request = info.value.__cause__.request  # type: ignore[attr-defined]
         assert request.url.password == "hunter2"
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("failure", ["cut off", "not SSE", "not written", "not retried"])
+    async def test_no_message_shows_a_password_in_the_url(self, failure: str) -> None:
+        class CutStream(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+                raise httpx.RemoteProtocolError("peer closed connection.")
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            if failure == "cut off":
+                return httpx.Response(
+                    200, stream=CutStream(), headers={"content-type": "text/event-stream"}
+                )
+            if failure == "not SSE":
+                return httpx.Response(200, json={"choices": []})
+            if failure == "not written":
+                raise httpx.WriteError("broken pipe", request=request)
+            raise httpx.UnsupportedProtocol("no such scheme", request=request)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            model = OpenAIChatModel(
+                "m", base_url="http://bob:hunter2@api.test/v1", http_client=client, max_retries=0
+            )
+            with pytest.raises(ModelError) as info:
+                await drain(model)
+        assert "http://bob:***@api.test/v1/chat/completions" in str(info.value)
+        assert "hunter2" not in str(info.value)
 
     @pytest.mark.anyio
     async def test_cut_off_streams_read_as_sentences(self, harness: Harness) -> None:

@@ -867,6 +867,26 @@ class TestStreaming:
             with pytest.raises(ModelResponseError, match="NaN is not a JSON value"):
                 await collect(model, ask())
 
+    async def test_stream_with_arguments_nested_too_deep_for_python(
+        self, server: ModelServer
+    ) -> None:
+        # Ollama-style: each call whole in its own chunk at index 0. Deciding whether the
+        # first is whole reads its arguments, which Python cannot: still a clear error.
+        def piece(call_id: str, arguments: str) -> str:
+            function = {"name": "weather", "arguments": arguments}
+            return openai_chunk({"tool_calls": [{"index": 0, "id": call_id, "function": function}]})
+
+        events = (
+            piece("c1", "[" * 100_000),
+            piece("c2", "{}"),
+            openai_chunk({}, "tool_calls"),
+            OPENAI_DONE,
+        )
+        server.reply(Reply(events=events))
+        async with make(server) as model:
+            with pytest.raises(ModelResponseError, match="nested deeper than Python can read"):
+                await collect(model, ask())
+
     async def test_stream_call_without_a_name(self, server: ModelServer) -> None:
         events = (
             openai_chunk(

@@ -399,11 +399,16 @@ def test_a_sqlite_without_json_functions_is_refused_up_front(
 
     monkeypatch.setattr(module, "_checked_sqlite", [])
     monkeypatch.setattr(module, "_JSON_PROBE", "SELECT count(*) FROM no_such_json_each('[1]')")
-    with pytest.raises(ConfigurationError, match="SQLite's JSON functions") as info:
-        SQLiteCheckpointStore(":memory:")
-    assert "no such table: no_such_json_each" in str(info.value)
+    for _ in range(2):  # a failed check is not remembered as passed
+        with pytest.raises(ConfigurationError, match="SQLite's JSON functions") as info:
+            SQLiteCheckpointStore(":memory:")
+        assert "no such table: no_such_json_each" in str(info.value)
+        assert info.value.__cause__ is None
     monkeypatch.setattr(module, "_JSON_PROBE", "SELECT count(*) FROM json_each('[1]')")
     SQLiteCheckpointStore(":memory:")  # the real probe passes: checked once, then known
+    assert module._checked_sqlite == [True]
+    monkeypatch.setattr(module, "_JSON_PROBE", "SELECT count(*) FROM no_such_json_each('[1]')")
+    SQLiteCheckpointStore(":memory:")  # not probed again
     assert module._checked_sqlite == [True]
 
 

@@ -735,12 +735,14 @@ async def test_a_rejected_call_gets_no_tool_span_and_its_decision_names_it(
     assert (span["runlet.human.tool_call_id"], span["runlet.human.action"]) == ("call_w", "reject")
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["durable store", "plain store"])
 async def test_a_resume_that_stops_again_records_the_next_interruption(
-    provider: TracerProvider, exporter: InMemorySpanExporter
+    provider: TracerProvider, exporter: InMemorySpanExporter, plain: bool
 ) -> None:
     calls = [call("get_weather", city="Paris", id="c1"), call("get_weather", city="Oslo", id="c2")]
     agent = weather_agent(NamedModel([calls, "Both sunny."]), weather_tool(approval=True))
-    runtime = Runtime(InMemoryCheckpointStore(), tracer_provider=provider)
+    store = PlainStore() if plain else InMemoryCheckpointStore()
+    runtime = Runtime(store, tracer_provider=provider)
     first = await runtime.run(agent, "Two cities")
     assert first.interruption is not None
     assert first.checkpoint_id is not None

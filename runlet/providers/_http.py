@@ -500,8 +500,9 @@ def api_root(base_url: str | None, default: str, path: str) -> str:
     return root.rstrip("/")
 
 
-# The password of a URL's user information (``https://user:password@host``).
-_PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*):[^/?#@]*@")
+# The password of a URL's user information (``https://user:password@host``). It runs
+# to the last "@" before the path, as httpx reads it: a password may hold an "@".
+_PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*):[^/?#]*@")
 
 
 def shown_url(url: str) -> str:
