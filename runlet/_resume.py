@@ -50,7 +50,7 @@ from ._errors import (
     LeaseLostError,
     MissingToolError,
     ResultNotRecordedError,
-    RunletError,
+    ResumeError,
 )
 from ._events import Interrupted, ToolCallFinished, ToolCallStarted
 from ._human import (
@@ -220,10 +220,7 @@ async def _resume(
         raise
     if trace is not None and next_checkpoint is not None:  # saved by the resolve
         trace.interrupted(next_checkpoint)
-    if emit is not None and next_checkpoint is not None:
-        await emit(
-            Interrupted(next_checkpoint.request, next_checkpoint.id, next_checkpoint.open_requests)
-        )
+    await _announce(emit, next_checkpoint)
     return result
 
 
@@ -264,11 +261,18 @@ async def _resume_plain(
         with contextlib.suppress(Exception):  # the cancellation is what the caller sees
             await to_the_end(partial(store.delete, checkpoint_id))
         raise
-    if emit is not None and next_checkpoint is not None:
-        await emit(
-            Interrupted(next_checkpoint.request, next_checkpoint.id, next_checkpoint.open_requests)
-        )
+    except Exception:
+        # The next checkpoint is saved all the same: a stream says so before the error.
+        await _announce(emit, next_checkpoint)
+        raise
+    await _announce(emit, next_checkpoint)
     return result
+
+
+async def _announce(emit: Emit | None, checkpoint: Checkpoint | None) -> None:
+    """Send :class:`Interrupted` for *checkpoint*, if there is one and a stream."""
+    if emit is not None and checkpoint is not None:
+        await emit(Interrupted(checkpoint.request, checkpoint.id, checkpoint.open_requests))
 
 
 def _decide(
@@ -635,15 +639,19 @@ async def _run_approved(
     if record is not None:
         try:
             await record([_new_record(tool_call_id=call.id, decision=decision, result=result)])
-        except RunletError:  # a lost lease, say: the store's own words
+        except ResumeError:  # about the claim (a lost lease, say): the store's own words
             raise
         except Exception as exc:
+            then = (
+                "runs it again with the same idempotency key (the tool is idempotent)"
+                if tool.idempotent
+                else "asks a person whether to run it again (outcome_unknown)"
+            )
             raise ResultNotRecordedError(
                 f"Tool {call.name!r} finished (call {call.id!r}), but the store could not "
                 f"record its result: {type(exc).__name__}: {exc}. The call stays recorded "
-                "as started, so resuming again asks a person whether to run it again "
-                "(outcome_unknown), or runs it again with the same idempotency key if the "
-                "tool is idempotent. The handler's result is on this error's `result`.",
+                f"as started, so resuming again {then}. The handler's result is on this "
+                "error's `result`.",
                 tool_call_id=call.id,
                 result=result,
             ) from exc

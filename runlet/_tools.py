@@ -56,12 +56,21 @@ def show_arguments(arguments: Mapping[str, Any]) -> str:
     return _visible(_shown_flat(arguments))
 
 
+# Characters str.isprintable() takes that show nothing all the same (Unicode's default
+# ignorable code points outside the format category, and the blank braille pattern).
+_BLANK = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+    "\U000e0100-\U000e01ef]"
+)
+
+
 def _visible(text: str) -> str:
     """*text* with every character that :meth:`str.isprintable` refuses (JSON escaped
-    the ASCII control characters but a delete already) written as a JSON escape."""
-    if text.isprintable():
+    the ASCII control characters but a delete already) or that shows nothing written as
+    a JSON escape."""
+    if text.isprintable() and (text.isascii() or _BLANK.search(text) is None):
         return text
-    return "".join([_escaped(c) if not c.isprintable() and c != " " else c for c in text])
+    return "".join([_escaped(c) if not c.isprintable() or _BLANK.match(c) else c for c in text])
 
 
 def _escaped(character: str) -> str:
@@ -77,34 +86,28 @@ MAX_NESTING = 100
 arguments stay far below; deeper ones would exhaust Python's recursion limit in the JSON
 encoder or a store before the call could be shown to a person or saved."""
 
-_NESTED = (dict, list, tuple)
+# Values that are neither floats nor nested, by exact type: most arguments, at once.
+_PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def _beyond_json(arguments: dict[str, Any]) -> str | None:
     """Why *arguments*, which passed the schema, still cannot be taken: a float JSON has
     no number for (``NaN``, ``Infinity``: it compares false with every bound and with an
     approval policy's ``amount > 100``), or nesting deeper than :data:`MAX_NESTING`.
-    ``None`` if neither. Walks nothing for flat arguments, and needs no recursion."""
-    todo: list[tuple[Any, int]] | None = None
-    for value in arguments.values():
-        kind = type(value)
-        if kind is float:
-            if not math.isfinite(value):
-                return f"{value!r} is not a JSON number"
-        elif kind in _NESTED:
-            if todo is None:
-                todo = []
-            todo.append((value, 2))
+    ``None`` if neither. Needs no recursion; subclasses count (an ``OrderedDict``), as
+    a custom adapter may give them."""
+    todo: list[tuple[Any, int]] = [(arguments, 1)]
     while todo:
         value, depth = todo.pop()
         if depth > MAX_NESTING:
             return f"they nest deeper than {MAX_NESTING} levels; flatten them"
-        for item in value.values() if type(value) is dict else value:
-            kind = type(item)
-            if kind is float:
+        for item in value.values() if isinstance(value, Mapping) else value:
+            if type(item) in _PLAIN:
+                continue
+            if isinstance(item, float):
                 if not math.isfinite(item):
                     return f"{item!r} is not a JSON number"
-            elif kind in _NESTED:
+            elif isinstance(item, (Mapping, list, tuple)):
                 todo.append((item, depth + 1))
     return None
 

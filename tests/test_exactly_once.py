@@ -1091,9 +1091,20 @@ class FailingResultRecord(InMemoryCheckpointStore):
         await super().record(checkpoint_id, token, records)
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError("database or disk is full"),
+        # A store closed under the resume (a server shutting down) is no claim problem.
+        ConfigurationError("This store is not open."),
+    ],
+    ids=["disk full", "store closed"],
+)
 @pytest.mark.parametrize("idempotent", [False, True])
-async def test_a_result_the_store_cannot_record_is_on_the_error(idempotent: bool) -> None:
-    store = FailingResultRecord(OSError("database or disk is full"))
+async def test_a_result_the_store_cannot_record_is_on_the_error(
+    idempotent: bool, failure: Exception
+) -> None:
+    store = FailingResultRecord(failure)
     rt, agent, payments, _, first = await refund_run(
         store=store, script=["Done.", "Done."], idempotent=idempotent
     )
@@ -1101,11 +1112,13 @@ async def test_a_result_the_store_cannot_record_is_on_the_error(idempotent: bool
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
     error = info.value
     assert isinstance(error, runlet.ResumeError)
-    assert isinstance(error.__cause__, OSError)
+    assert error.__cause__ is failure
     assert (error.checkpoint_id, error.tool_call_id) == (cp(first), "c1")
     assert error.result == runlet.ToolResult("c1", "Refunded order 1.")
     assert "Tool 'refund' finished (call 'c1'), but the store could not record" in str(error)
-    assert "OSError: database or disk is full" in str(error)
+    assert f"{type(failure).__name__}: {failure}" in str(error)
+    then = "runs it again with the same idempotency key" if idempotent else "asks a person"
+    assert f"so resuming again {then}" in str(error)
     assert 1 == len(payments.attempts)
     # The store still says "started": the next resume cannot know the outcome.
     store.error = None

@@ -379,6 +379,9 @@ def _errors_with_their_attributes() -> list[runlet.RunletError]:
         runlet.CheckpointClaimedError("busy", checkpoint_id="cp_1"),
         runlet.LeaseLostError("lost", checkpoint_id="cp_1"),
         runlet.MissingToolError("tool", checkpoint_id="cp_1", tool_name="refund"),
+        runlet.ResultNotRecordedError(
+            "full", checkpoint_id="cp_1", tool_call_id="c1", result=runlet.ToolResult("c1", "ok")
+        ),
         runlet.CheckpointSerializationError("json", path="metadata['x']"),
     ]
 
@@ -987,6 +990,12 @@ class TestTheApprovalPromptShowsWhatIsThere:
             ({"amount": 250, "amount\u200b": 25}, '{"amount": 250, "amount\\u200b": 25}'),
             ({"tag": "x\U000e0041"}, '{"tag": "x\\udb40\\udc41"}'),  # beyond the BMP
             ({"tag": "\uffff"}, '{"tag": "\\uffff"}'),  # the last of the BMP
+            # Printable to Python, yet blank: a grapheme joiner, a variation selector,
+            # a Hangul filler, blank braille.
+            (
+                {"amount": 250, "amount\u034f": 25, "a\ufe0f\u3164\u2800": 1},
+                '{"amount": 250, "amount\\u034f": 25, "a\\ufe0f\\u3164\\u2800": 1}',
+            ),
             ({"order": {"note": "a\u2028b\x7f"}}, '{"order": {"note": "a\\u2028b\\u007f"}}'),
             # Text people can read stays as it is, spaces and all.
             ({"name": "Müller ½ 東京 😀"}, '{"name": "Müller ½ 東京 😀"}'),
@@ -1024,6 +1033,7 @@ class TestArgumentsJSONCannotHold:
             ({"amount": float("inf")}, "inf is not a JSON number"),
             ({"amounts": [1.5, {"x": -float("inf")}]}, "-inf is not a JSON number"),
             ({"amounts": (1.5, float("nan"))}, "nan is not a JSON number"),  # a tuple
+            ({"order": collections.OrderedDict(x=float("inf"))}, "inf is not a JSON number"),
             (_nested(101), "they nest deeper than 100 levels; flatten them"),
             (_nested(5000), "they nest deeper than 100 levels; flatten them"),
         ],

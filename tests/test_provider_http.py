@@ -318,6 +318,10 @@ class TestAdapters:
             ("http://h.test/a://b:c@d/v1", "http://h.test/a://b:c@d/v1"),  # deeper still
             # httpx reads the password up to the last "@" before the path.
             ("https://bob:p@ss@proxy.test/v1", "https://bob:***@proxy.test/v1"),
+            (
+                "https://me@mail.test:hunter2@proxy.test/v1",
+                "https://me@mail.test:***@proxy.test/v1",
+            ),
         ],
     )
     def test_repr_hides_a_password_in_the_url(self, base_url: str, shown: str) -> None:
@@ -328,6 +332,13 @@ class TestAdapters:
         with pytest.raises(ConfigurationError) as info:
             OpenAIChatModel("m", base_url=base_url + "?x=1")
         assert "hunter2" not in str(info.value)
+
+    @pytest.mark.parametrize("password", ["hun?ter2", "hun#ter2"])
+    def test_a_refused_base_url_hides_its_password(self, password: str) -> None:
+        with pytest.raises(ConfigurationError, match="query string") as info:
+            OpenAIChatModel("m", base_url=f"https://bob:{password}@proxy.test/v1")
+        assert "'https://bob:***@proxy.test/v1'" in str(info.value)
+        assert "ter2" not in str(info.value)
 
     def test_default_urls(self) -> None:
         assert "https://api.openai.com/v1/chat/completions" in repr(OpenAIChatModel("m"))

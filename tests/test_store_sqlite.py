@@ -15,7 +15,14 @@ import anyio
 import anyio.to_thread
 import attrs
 import pytest
-from _store_semantics import checkpoint, semantics_tests, sql_store_tests
+from _store_semantics import (
+    checkpoint,
+    execute,
+    record,
+    resolution,
+    semantics_tests,
+    sql_store_tests,
+)
 from conftest import BACKENDS
 
 from runlet import (
@@ -293,34 +300,45 @@ async def test_a_purge_goes_in_batches_that_let_other_writers_in(
 ) -> None:
     # A backlog is purged a batch per transaction, oldest first, with a pause between
     # batches in which another writer's save gets the lock; all of it is purged in the
-    # end, records included, and nothing that finished after the purge began.
+    # end, records included.
     import runlet.stores._sql as sql_module
 
-    pauses: list[float] = []
-    writes_between: list[str] = []
+    old = [f"cp_{n}" for n in range(5)]
+    left: list[list[str]] = []  # the old checkpoints left at each pause
 
     async def pause() -> None:
-        pauses.append(sql_module._PURGE_PAUSE)
-        if len(pauses) == 1:  # another process's write, while the purge pauses
+        rows = await execute(store, "SELECT id FROM runlet_checkpoints ORDER BY id")
+        left.append([found for (found,) in rows if found in old])
+        if len(left) == 1:  # another process's writes, while the purge pauses
             await store.save(checkpoint("cp_new"))
-            await store.cancel("cp_new")  # finished after the purge's cutoff
-            writes_between.append("cp_new")
+            await store.cancel("cp_new")
 
     monkeypatch.setattr(sql_module, "_between_batches", pause)
     async with SQLiteCheckpointStore(":memory:") as store:
         store._sql = attrs.evolve(store._sql, purge_batch=2)
-        for n in range(5):
-            await store.save(checkpoint(f"cp_{n}"))
-            await store.cancel(f"cp_{n}")
+        for n, checkpoint_id in enumerate(old):
+            cp = checkpoint(checkpoint_id, calls=1)
+            await store.save(cp)
+            claim = await store.claim(checkpoint_id)
+            await store.record(checkpoint_id, claim.token, [record(cp)])
+            await store.resolve(checkpoint_id, claim.token, resolution(cp))
+            # Finished a minute or more ago, cp_0 first: the clock's resolution (SQLite
+            # keeps milliseconds) decides nothing.
+            await execute(
+                store,
+                f"UPDATE runlet_checkpoints SET finished_at = finished_at - {70 - n} "
+                f"WHERE id = '{checkpoint_id}'",
+            )
         await store.save(checkpoint("cp_open"))
-        assert 5 == await store.purge_resolved(older_than=0)
-        assert 2 == len(pauses)  # 2 + 2 + 1: a pause after each full batch
-        assert ["cp_new"] == writes_between
-        assert "cancelled" == (await store.get("cp_new")).status  # after the cutoff
-        assert "pending" == (await store.get("cp_open")).status
-        for n in range(5):
+        assert 5 == await store.purge_resolved(older_than=30)
+        # 2 + 2 + 1, oldest first, and a pause after each full batch.
+        assert [["cp_2", "cp_3", "cp_4"], ["cp_4"]] == left
+        assert [] == await execute(store, "SELECT checkpoint_id FROM runlet_records")
+        for checkpoint_id in old:
             with pytest.raises(CheckpointNotFoundError):
-                await store.get(f"cp_{n}")
+                await store.get(checkpoint_id)
+        assert "cancelled" == (await store.get("cp_new")).status  # written between
+        assert "pending" == (await store.get("cp_open")).status
         assert 1 == await store.purge_resolved(older_than=0)  # now cp_new too
 
 

@@ -730,17 +730,25 @@ class AwaitingPlainStore:
         self.data.pop(checkpoint_id, None)
 
 
+async def two_approvals_in_turn(
+    store: runlet.CheckpointStore,
+) -> tuple[Runtime, Agent, runlet.RunResult, HumanResponse]:
+    """A run stopped at the first of two gated calls made one after the other, and the
+    answer that approves it (its resume stops again, at the second)."""
+    gated = tool("b", echo, requires_approval=True)
+    agent = Agent("a", "", ScriptedModel([call("b", n=1), call("b", n=2)]), tools=[gated])
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "go")
+    assert first.interruption is not None
+    return runtime, agent, first, HumanResponse(first.interruption.id, "approve")
+
+
 async def test_a_plain_store_resume_stream_left_at_interrupted_has_its_result() -> None:
     # A plain store's resume saves the next checkpoint, then deletes the one it resumed,
     # and only then says Interrupted: leaving there stops nothing that was still to do.
-    gated = tool("b", echo, requires_approval=True)
-    agent = Agent("a", "", ScriptedModel([call("b", n=1), call("b", n=2)]), tools=[gated])
     store = AwaitingPlainStore()
-    runtime = Runtime(checkpoint_store=store)
-    first = await runtime.run(agent, "go")
+    runtime, agent, first, answer = await two_approvals_in_turn(store)
     assert first.checkpoint_id is not None
-    assert first.interruption is not None
-    answer = HumanResponse(first.interruption.id, "approve")
     with anyio.fail_after(GUARD):
         async with runtime.stream_resume(
             agent, checkpoint_id=first.checkpoint_id, response=answer
@@ -752,6 +760,34 @@ async def test_a_plain_store_resume_stream_left_at_interrupted_has_its_result() 
     assert store.calls[-2:] == [
         f"save {interrupted.checkpoint_id}",
         f"delete {first.checkpoint_id}",
+    ]
+
+
+async def test_a_plain_store_that_cannot_delete_still_announces_the_saved_checkpoint() -> None:
+    class Undeletable(AwaitingPlainStore):
+        async def delete(self, checkpoint_id: str) -> None:
+            await anyio.lowlevel.checkpoint()
+            raise OSError("read-only file system")
+
+    store = Undeletable()
+    runtime, agent, first, answer = await two_approvals_in_turn(store)
+    assert first.checkpoint_id is not None
+    seen: list[StreamEvent] = []
+
+    async def consume(checkpoint_id: str) -> None:
+        async with runtime.stream_resume(
+            agent, checkpoint_id=checkpoint_id, response=answer
+        ) as stream:
+            async for event in stream:
+                seen.append(event)  # noqa: PERF401 - kept up to the error
+
+    with anyio.fail_after(GUARD), pytest.raises(OSError, match="read-only"):
+        await consume(first.checkpoint_id)
+    # The run interrupted again and its checkpoint is saved: the consumer learned its id
+    # before the error that kept the old one from being deleted.
+    interrupted = [event for event in seen if isinstance(event, Interrupted)]
+    assert [event.checkpoint_id for event in interrupted] == [
+        cid for cid in store.data if cid != first.checkpoint_id
     ]
 
 

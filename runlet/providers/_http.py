@@ -305,7 +305,7 @@ def _error_message(response: httpx.Response) -> str:
     text = response.text
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if isinstance(data, list) and len(data) == 1:
         data = data[0]
@@ -500,14 +500,20 @@ def api_root(base_url: str | None, default: str, path: str) -> str:
     return root.rstrip("/")
 
 
-# The password of a URL's user information (``https://user:password@host``). It runs
-# to the last "@" before the path, as httpx reads it: a password may hold an "@".
-_PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*):[^/?#]*@")
-
-
 def shown_url(url: str) -> str:
-    """*url* as messages and reprs show it: a password in it replaced by ``***``."""
-    return _PASSWORD.sub(r"\1:***@", url)
+    """*url* as messages and reprs show it: a password in it replaced by ``***``. The
+    user information runs to the last ``@`` before the path, as httpx reads it (a user
+    name that is an e-mail address, a password holding ``@``, ``?`` or ``#``); the
+    password is what follows its first ``:``."""
+    scheme, separator, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    if not separator or "@" not in authority:
+        return url
+    user_information = authority[: authority.rindex("@")]
+    user, colon, _ = user_information.partition(":")
+    if not colon:
+        return url
+    return f"{scheme}://{user}:***{rest[len(user_information) :]}"
 
 
 def merge_headers(*layers: Mapping[str, str] | None) -> dict[str, str]:
@@ -720,7 +726,7 @@ class HTTPModel:
             text = response.text
         try:
             data = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         error = self._error_in(data)
         if error is not None:

@@ -65,13 +65,14 @@ from .._util import is_seconds, to_the_end
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
 _THOUSAND_YEARS: Final = 1000 * 365.25 * 24 * 3600
-# Seconds a batched purge waits between batches (see Statements.purge_batch).
-_PURGE_PAUSE: Final = 0.05
+# Seconds a batched purge waits between batches (see Statements.purge_batch): longer
+# than the 100 ms SQLite's busy handler sleeps between its tries, so a writer that has
+# waited a while finds the lock free at its next try.
+_PURGE_PAUSE: Final = 0.15
 
 
 async def _between_batches() -> None:
-    """Other processes' writes wait for the lock while a batch runs: give them a turn,
-    long enough for SQLite's busy handler (which sleeps between its tries) to take it."""
+    """Other processes' writes wait for the lock while a batch runs: give them a turn."""
     await anyio.sleep(_PURGE_PAUSE)
 
 

@@ -206,7 +206,7 @@ PURGE_CUTOFF: Final = "SELECT (julianday('now') - 2440587.5) * 86400.0 - :age"
 _PURGED = """
     SELECT id FROM runlet_checkpoints
     WHERE finished_at <= :cutoff
-    ORDER BY finished_at, id
+    ORDER BY finished_at, seq
     LIMIT :batch"""
 
 PURGE_RECORDS: Final = f"DELETE FROM runlet_records WHERE checkpoint_id IN ({_PURGED})"
