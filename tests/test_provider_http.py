@@ -855,6 +855,22 @@ class TestErrorMessages:
         assert "hunter2" not in str(info.value)
 
     @pytest.mark.anyio
+    @pytest.mark.parametrize("streamed", [False, True])
+    async def test_an_error_body_nested_too_deep_is_quoted_not_raised(
+        self, harness: Harness, streamed: bool
+    ) -> None:
+        body = b"[" * 100_000  # more than Python's JSON reader can nest
+
+        def answer() -> httpx.Response:
+            return httpx.Response(500, content=body)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(Calls(answer))) as client:
+            model = harness.model(client, max_retries=0)
+            with pytest.raises(ModelAPIError) as info:
+                await (drain(model) if streamed else model.complete(REQUEST))
+        assert info.value.status_code == 500
+
+    @pytest.mark.anyio
     async def test_cut_off_streams_read_as_sentences(self, harness: Harness) -> None:
         class CutStream(httpx.AsyncByteStream):
             async def __aiter__(self) -> AsyncIterator[bytes]:
