@@ -96,11 +96,6 @@ def _beyond_json(arguments: dict[str, Any]) -> str | None:
     approval policy's ``amount > 100``), or nesting deeper than :data:`MAX_NESTING`.
     ``None`` if neither. Needs no recursion; subclasses count (an ``OrderedDict``), as
     a custom adapter may give them."""
-    for value in arguments.values():  # most arguments: flat, no float
-        if type(value) not in _PLAIN:
-            break
-    else:
-        return None
     todo: list[tuple[Any, int]] = [(arguments, 1)]
     while todo:
         value, depth = todo.pop()
@@ -421,6 +416,8 @@ class ToolSpec:
             arguments = dict(arguments)
         try:
             if self._validator.is_valid(arguments):
+                if _PLAIN.issuperset(map(type, arguments.values())):
+                    return None  # most arguments: flat, and no float to check
                 return _beyond_json(arguments)
             problems = [
                 f"{_where(error.instance_path)}{error.message}"
