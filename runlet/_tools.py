@@ -423,8 +423,9 @@ class ToolSpec:
                 f"{_where(error.instance_path)}{error.message}"
                 for error in self._validator.iter_errors(arguments)
             ]
-        except ValueError as exc:  # a value that is not JSON at all
-            return f"arguments are not JSON: {exc}"
+        except ValueError as exc:  # a value that is not JSON at all, or nesting that
+            # an older jsonschema-rs gives up on (it says "Recursion limit reached")
+            return _beyond_json(arguments) or f"arguments are not JSON: {exc}"
         return "; ".join(problems)
 
     async def _invoke(self, arguments: Mapping[str, Any], context: ToolContext) -> tuple[str, bool]:

@@ -1100,3 +1100,16 @@ class TestArgumentsJSONCannotHold:
         fixed = HumanResponse(first.interruption.id, "approve", edited_arguments={"order": 2})
         done = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=fixed)
         assert "refunded 2" in done.transcript[-2].content
+
+
+def test_nesting_a_validator_gives_up_on_is_still_named() -> None:
+    # jsonschema-rs before 0.30 stops at deep nesting with "Recursion limit reached";
+    # the refusal still says what is wrong with the arguments.
+    class GivesUp:
+        def is_valid(self, instance: object) -> bool:
+            raise ValueError("Recursion limit reached")
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, refund)
+    object.__setattr__(tool, "_validator", GivesUp())  # a frozen class
+    assert "they nest deeper than 100 levels; flatten them" == tool._check_arguments(_nested(500))
+    assert "arguments are not JSON: Recursion limit reached" == tool._check_arguments({"a": 1})
