@@ -26,7 +26,6 @@ every record. With a plain three-method :class:`~runlet.CheckpointStore` steps 2
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
@@ -81,7 +80,7 @@ from ._store import (
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
-from ._util import json_form, side_by_side, slot_builder, to_the_end
+from ._util import described, json_form, log, or_warn, side_by_side, slot_builder, to_the_end
 
 __all__ = ["resume"]
 
@@ -215,8 +214,17 @@ async def _resume(
             # What stopped the resume is what the caller must see, not a failure to give
             # the claim back (a store closed by a shutting-down server, a lost database):
             # the claim then runs out with its lease.
-            with contextlib.suppress(Exception):
-                await to_the_end(partial(durable_store.release, checkpoint_id, token))
+            runs_out = "never: the lease is None" if lease is None else f"{lease:g} s"
+            await to_the_end(
+                partial(
+                    or_warn,
+                    partial(durable_store.release, checkpoint_id, token),
+                    "The resume of checkpoint %r stopped, and giving its claim back failed; "
+                    "it stays claimed until the lease runs out (%s): %s",
+                    checkpoint_id,
+                    runs_out,
+                )
+            )
         raise
     if trace is not None and next_checkpoint is not None:  # saved by the resolve
         trace.interrupted(next_checkpoint)
@@ -258,8 +266,16 @@ async def _resume_plain(
         # second time, then go on being cancelled. A delete does nothing for a checkpoint
         # that is gone, so doing it twice is safe; protecting every delete up front would
         # cost each resume a task.
-        with contextlib.suppress(Exception):  # the cancellation is what the caller sees
-            await to_the_end(partial(store.delete, checkpoint_id))
+        await to_the_end(
+            partial(
+                or_warn,
+                partial(store.delete, checkpoint_id),
+                "The resume of checkpoint %r was cancelled while it deleted the checkpoint, "
+                "and deleting it failed; resuming it again runs its approved calls again (a "
+                "plain store is at least once), so delete it yourself: %s",
+                checkpoint_id,
+            )
+        )
         raise
     except Exception:
         # The next checkpoint is saved all the same: a stream says so before the error.
@@ -726,7 +742,16 @@ async def _holding_lease(
                 lost.append(exc)
                 scope.cancel()
                 return
-            except Exception:  # noqa: BLE001 - a passing fault; the next renewal retries
+            except Exception as exc:  # noqa: BLE001 - a passing fault; the next renewal retries
+                log.warning(
+                    "Renewing the claim on checkpoint %r failed (%s); retrying in %.3g s. "
+                    "The claim lasts %.3g s from the last renewal that worked: if renewals "
+                    "keep failing that long, another resume can take it over.",
+                    held.checkpoint_id,
+                    described(exc),
+                    lease / 3,
+                    lease,
+                )
                 continue
             finally:
                 renewing[0] = False

@@ -16,7 +16,7 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._util import is_seconds, own_copy
+from ._util import is_seconds, log, own_copy
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -380,11 +380,27 @@ class ToolSpec:
             return prompt
         if prompt is not None:
             try:
-                text = prompt(own_copy(arguments))
+                text: object = prompt(own_copy(arguments))
             except Exception:  # noqa: BLE001 - a broken prompt must not lose the run
-                text = None
+                log.warning(
+                    "The approval_prompt of tool %r raised; the request shows the default "
+                    "prompt instead.",
+                    self.name,
+                    exc_info=True,
+                )
+                return self._default_prompt(arguments)
             if isinstance(text, str):
                 return text
+            if text is not None:  # None asks for the default prompt
+                log.warning(
+                    "The approval_prompt of tool %r returned %s, not a str; the request "
+                    "shows the default prompt instead.",
+                    self.name,
+                    type(text).__name__,
+                )
+        return self._default_prompt(arguments)
+
+    def _default_prompt(self, arguments: Mapping[str, Any]) -> str:
         return f"Allow {self.name} with {show_arguments(arguments)}?"
 
     async def _needs_approval(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:

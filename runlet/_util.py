@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -15,6 +16,30 @@ import attrs
 from ._errors import RunletError
 
 T = TypeVar("T")
+
+#: Runlet's one logger. It warns about what Runlet handled on its own but an operator
+#: should know of: a claim it could not renew or give back, a checkpoint it could not
+#: delete, an approval prompt function that failed. Errors the caller sees are raised,
+#: not logged.
+log = logging.getLogger("runlet")
+
+
+def described(exc: BaseException) -> str:
+    """*exc* in a log line: its class and message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def or_warn(call: Callable[[], Awaitable[object]], message: str, *args: object) -> None:
+    """Await ``call()``; if it raises an :class:`Exception`, log *message* (formatted with
+    *args* and then the error) as a warning instead. For clean-ups whose caller has a
+    better error to raise (what stopped it, a cancellation): run it inside
+    :func:`to_the_end`, which, once its caller is cancelled, raises the cancellation and
+    nothing else, so a failure is seen only here."""
+    try:
+        await call()
+    except Exception as exc:  # noqa: BLE001 - logged: the caller raises what matters more
+        log.warning(message, *args, described(exc))
 
 
 def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:

@@ -987,6 +987,34 @@ async def test_the_claim_is_renewed_while_a_slow_tool_runs() -> None:
     assert "completed" == result.status
 
 
+async def test_a_renewal_that_fails_is_logged_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    renewed = anyio.Event()
+
+    class Blip(InMemoryCheckpointStore):
+        renewals = 0
+
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            self.renewals += 1
+            if self.renewals == 1:
+                raise OSError("connection reset")
+            await super().renew(checkpoint_id, token)
+            renewed.set()
+
+    store = Blip(lease=0.6)  # renewed every 0.2 s; the handler starts long before that
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    payments.block = renewed  # the tool finishes only once a renewal after the blip worked
+    with caplog.at_level("WARNING", logger="runlet"), anyio.fail_after(10):
+        result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert ("completed", 2, 1) == (result.status, store.renewals, len(payments.attempts))
+    [warning] = [r for r in caplog.records if r.name == "runlet"]
+    message = warning.getMessage()
+    assert repr(cp(first)) in message
+    assert "OSError: connection reset" in message
+    assert "retrying in 0.2 s" in message
+
+
 async def test_the_claim_is_renewed_before_its_lease_runs_out() -> None:
     lease = 1.5  # renewed after 0.5 s: a second of slack for a loaded machine
     renewed = anyio.Event()
@@ -1960,14 +1988,35 @@ async def test_a_clock_that_loses_its_time_zone_later_stops_the_run_before_it_sa
 
 
 @pytest.mark.parametrize(
-    "prompt", [lambda arguments: 1 / 0, lambda arguments: 42], ids=["raises", "not-str"]
+    ("prompt", "logged"),
+    [
+        (lambda arguments: 1 / 0, "raised"),
+        (lambda arguments: 42, "returned int, not a str"),
+        (lambda arguments: None, None),  # None asks for the default: nothing to warn of
+    ],
+    ids=["raises", "not-str", "none"],
 )
-async def test_a_broken_approval_prompt_falls_back_to_the_default(prompt: Any) -> None:
+async def test_a_broken_approval_prompt_falls_back_to_the_default(
+    prompt: Any, logged: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
     model = ScriptedModel([call("refund", id="a", order_id="1")])
     rt = Runtime(checkpoint_store=InMemoryCheckpointStore())
-    first = await rt.run(agent_with(model, refund_spec(Payments(), approval_prompt=prompt)), "x")
+    with caplog.at_level("WARNING", logger="runlet"):
+        first = await rt.run(
+            agent_with(model, refund_spec(Payments(), approval_prompt=prompt)), "x"
+        )
     assert first.interruption is not None
     assert 'Allow refund with {"order_id": "1"}?' == first.interruption.prompt
+    warnings = [r for r in caplog.records if r.name == "runlet"]
+    if logged is None:
+        assert [] == warnings
+        return
+    [warning] = warnings
+    assert "WARNING" == warning.levelname
+    assert "approval_prompt of tool 'refund'" in warning.getMessage()
+    assert logged in warning.getMessage()
+    # A prompt that raised comes with its traceback, for whoever fixes it.
+    assert (warning.exc_info is not None) == (logged == "raised")
 
 
 async def test_a_resumed_run_gets_read_only_options() -> None:
@@ -2037,6 +2086,42 @@ async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpo
 
     assert {} == store.rows
     assert ["cancelled"] == outcomes  # the cancellation goes on after the delete
+
+
+async def test_a_plain_stores_delete_that_fails_once_cancelled_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class FailingPlain(_PlainStore):
+        """Its delete waits; done again after the cancellation, it fails."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.deleting = anyio.Event()
+            self.deletes = 0
+
+        async def delete(self, checkpoint_id: str) -> None:
+            self.deletes += 1
+            if self.deletes > 1:
+                raise OSError("disk gone")
+            self.deleting.set()
+            await anyio.sleep_forever()
+
+    store = FailingPlain()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    with caplog.at_level("WARNING", logger="runlet"):
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                partial(rt.resume, agent, checkpoint_id=cp(first), response=approve(first))
+            )
+            await store.deleting.wait()
+            group.cancel_scope.cancel()
+    assert (2, 1) == (store.deletes, len(payments.attempts))
+    assert cp(first) in store.rows  # not deleted: resuming it again would pay again
+    [warning] = [r for r in caplog.records if r.name == "runlet"]
+    message = warning.getMessage()
+    assert repr(cp(first)) in message
+    assert "OSError: disk gone" in message
+    assert "runs its approved calls again" in message
 
 
 async def test_a_contradicting_answer_is_refused_before_it_claims_anything() -> None:
@@ -2850,6 +2935,23 @@ async def test_a_failed_release_does_not_hide_why_the_resume_stopped() -> None:
     )
     with pytest.raises(runlet.ModelError, match="model is down"):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+
+
+async def test_a_failed_release_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, _, _, first = await refund_run(
+        store=ClosedBeforeRelease(lease=30.0), script=[down, "Done."]
+    )
+    with caplog.at_level("WARNING", logger="runlet"), pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    [warning] = [r for r in caplog.records if r.name == "runlet"]
+    assert "WARNING" == warning.levelname
+    message = warning.getMessage()
+    assert repr(cp(first)) in message
+    assert "ConfigurationError: This store is not open." in message
+    assert "until the lease runs out (30 s)" in message
 
 
 async def test_a_failed_release_does_not_hide_a_cancellation() -> None:

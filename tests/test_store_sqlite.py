@@ -250,6 +250,34 @@ async def test_a_cancelled_claim_leaves_the_checkpoint_claimable() -> None:
         await store.claim("cp_1")
 
 
+async def test_a_cancelled_claim_that_cannot_be_given_back_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with SQLiteCheckpointStore(db_path()) as store:
+        await store.save(checkpoint())
+        started = announce_taking(store)
+
+        async def release_fails(checkpoint_id: str, token: str) -> None:
+            raise OSError("disk I/O error")
+
+        store.release = release_fails  # type: ignore[method-assign]
+        with (
+            caplog.at_level("WARNING", logger="runlet"),
+            write_locked() as blocker,
+            anyio.CancelScope() as scope,
+        ):
+            async with anyio.create_task_group() as group:
+                group.start_soon(store.claim, "cp_1")
+                await anyio.to_thread.run_sync(started.wait)
+                scope.cancel()  # takes effect once the thread has claimed
+                blocker.execute("COMMIT")
+        assert scope.cancelled_caught  # the cancellation, not the release's error
+        assert "claimed" == (await store.get("cp_1")).status  # until the lease runs out
+        [warning] = [r for r in caplog.records if r.name == "runlet"]
+        assert "'cp_1'" in warning.getMessage()
+        assert "OSError: disk I/O error" in warning.getMessage()
+
+
 async def test_a_claim_cancelled_natively_twice_still_gives_the_checkpoint_back(
     anyio_backend: str,
 ) -> None:

@@ -16,7 +16,6 @@ done, so no connection is ever left inside a transaction.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,7 +59,7 @@ from .._store import (
     resolved_error,
     retired_error,
 )
-from .._util import is_seconds, to_the_end
+from .._util import is_seconds, or_warn, to_the_end
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
@@ -383,8 +382,15 @@ class SQLStore:
             # The thread may have claimed before the cancellation took effect: nobody
             # holds that token, so give the checkpoint back instead of waiting a lease
             # (to its end, even under asyncio's own Task.cancel()).
-            with contextlib.suppress(Exception):  # the cancellation is what the caller sees
-                await to_the_end(partial(self.release, checkpoint_id, token))
+            await to_the_end(
+                partial(
+                    or_warn,
+                    partial(self.release, checkpoint_id, token),
+                    "A claim on checkpoint %r was cancelled, and giving it back failed; it "
+                    "stays claimed until the lease runs out: %s",
+                    checkpoint_id,
+                )
+            )
             raise
 
     async def renew(self, checkpoint_id: str, token: str) -> None:
