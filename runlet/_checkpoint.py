@@ -19,7 +19,7 @@ from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest, _new_request
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
 from ._tools import ToolDefinition, show_arguments
-from ._util import slot_builder
+from ._util import same_json, slot_builder
 
 if TYPE_CHECKING:
     from ._events import StreamEvent
@@ -261,8 +261,8 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
         asked = checkpoint.request.tool_call
         if (
             len(in_message) == 1
-            and (in_message[0] is only or in_message[0] == only)
-            and (asked is only or asked == only)
+            and (in_message[0] is only or _same_call(in_message[0], only))
+            and (asked is only or _same_call(asked, only))
             and checkpoint.request.kind == "approval"
             and not checkpoint.request.options
         ):
@@ -285,7 +285,11 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
                 f"pending_tool_calls[{index}]",
                 f"call {call.id!r} ({call.name}) is not in the last assistant message",
             )
-        if made is not None and made.arguments != call.arguments and not request.outcome_unknown:
+        if (
+            made is not None
+            and not same_json(made.arguments, call.arguments)
+            and not request.outcome_unknown
+        ):
             # Only a call asked about again after an attempt died holds other arguments
             # than the model gave: the ones a person approved with an edit.
             _broken(
@@ -296,7 +300,7 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
         if call.id in seen:
             _broken(f"pending_tool_calls[{index}]", f"call {call.id!r} is pending twice")
         seen.add(call.id)
-        if request.tool_call is not call and request.tool_call != call:
+        if request.tool_call is not call and not _same_call(request.tool_call, call):
             name = "request" if index == 0 else f"more_requests[{index - 1}]"
             _broken(
                 f"{name}.tool_call",
@@ -326,6 +330,51 @@ def _check_integrity(checkpoint: Checkpoint) -> None:
     if len(seen) != len(calls):
         missing = ", ".join(repr(i) for i in calls if i not in seen)
         _broken("results", f"calls {missing} have neither a result nor a pending request")
+
+
+# Structuring shares the data a checkpoint holds more than once (the run's messages at
+# the start of its transcript, each pending call in the last message and in a request)
+# when it is equal. Python's == takes False for 0 and 1 for 1.0; the data is checked by
+# type as it is structured, except the calls' arguments, which are any JSON: equal data
+# is shared only if its arguments are the same JSON too.
+
+
+_FLAT_JSON = frozenset({str, int, float, bool, type(None)})
+
+
+def _same_arguments(a: Any, b: Any) -> bool:
+    """For equal raw calls *a* and *b*: whether their arguments are the same JSON."""
+    if type(a) is not dict or type(b) is not dict:
+        return same_json(a, b)  # not calls at all: what reads them says so
+    x, y = a.get("arguments"), b.get("arguments")
+    if type(x) is dict and type(y) is dict:
+        # The usual case, flat arguments in the same order: the same types in the same
+        # places make equal values the same JSON.
+        kinds = list(map(type, x.values()))
+        if _FLAT_JSON.issuperset(kinds) and kinds == list(map(type, y.values())):
+            return list(x) == list(y) or same_json(x, y)
+    return same_json(x, y)
+
+
+def _all_same_arguments(a: list[Any], b: list[Any]) -> bool:
+    """For equal lists of raw calls: whether each pair's arguments are the same JSON."""
+    return all(_same_arguments(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _same_calls_in(messages: list[Any], transcript: list[Any]) -> bool:
+    """For raw *messages* equal to the start of the raw *transcript*: whether the tool
+    calls in them have the same JSON arguments."""
+    for message, other in zip(messages, transcript):  # noqa: B905 - the transcript is longer
+        if type(message) is dict and "tool_calls" in message:
+            calls, others = message["tool_calls"], other["tool_calls"]
+            if type(calls) is not list or not _all_same_arguments(calls, others):
+                return False
+    return True
+
+
+def _same_call(a: ToolCall, b: ToolCall) -> bool:
+    """The same call, with the same arguments as JSON (``False`` is not ``0``)."""
+    return a.id == b.id and a.name == b.name and same_json(a.arguments, b.arguments)
 
 
 def _request_problem(request: HumanRequest) -> str | None:
@@ -730,7 +779,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
 
     def share_call(item: Any, raw_known: list[Any], known: tuple[ToolCall, ...]) -> ToolCall:
         for raw, call in zip(raw_known, known, strict=True):
-            if raw == item:
+            if raw == item and _same_arguments(raw, item):
                 return call
         made: ToolCall = call_in(item, ToolCall)
         return made
@@ -748,7 +797,8 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         raw_call = data["tool_call"]
         if raw_known is None:
             call = call_in(raw_call, ToolCall)
-        elif raw_known and raw_call == raw_known[0]:  # the usual case: the first pending call
+        elif raw_known and raw_call == raw_known[0] and _same_arguments(raw_call, raw_known[0]):
+            # the usual case: the first pending call
             call = known[0]
         else:
             call = share_call(raw_call, raw_known, known)
@@ -808,7 +858,14 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             raise TypeError("not a checkpoint")
         messages = tuple([message_in(item, Message) for item in raw_messages])
         count = len(messages)
-        if count and raw_transcript[:count] == raw_messages:
+        if (
+            count
+            and raw_transcript[:count] == raw_messages
+            and (
+                (count == 1 and "tool_calls" not in raw_messages[0])  # a first prompt
+                or _same_calls_in(raw_messages, raw_transcript)
+            )
+        ):
             transcript = messages + tuple(
                 [message_in(item, Message) for item in raw_transcript[count:]]
             )
@@ -820,7 +877,15 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             raw_calls = raw_transcript[-1].get("tool_calls") or []
             made = transcript[-1].tool_calls
         raw_pending = data["pending_tool_calls"]
-        if raw_pending == raw_calls and type(raw_pending) is list:
+        if (
+            raw_pending == raw_calls
+            and type(raw_pending) is list
+            and (
+                _same_arguments(raw_pending[0], raw_calls[0])
+                if len(raw_pending) == 1
+                else _all_same_arguments(raw_pending, raw_calls)
+            )
+        ):
             pending = made
         else:
             pending = shared_calls(raw_pending, raw_calls, made)

@@ -157,9 +157,10 @@ class Loop:
                 model = agent.model
                 try:
                     response = await model.complete(request)
-                except RunletError:
-                    raise
                 except Exception as exc:
+                    await handler_failed()  # unless the run was cancelled: see there
+                    if isinstance(exc, RunletError):
+                        raise
                     raise _adapter_failed(model, exc) from exc
                 _check_response(model, response)
             elif trace is None:
@@ -428,9 +429,10 @@ async def _ask(model: Model, request: ModelRequest, emit: Emit | None) -> ModelR
             response = await model.complete(request)
         else:
             response = await _ask_streaming(model, request, emit)
-    except RunletError:
-        raise
     except Exception as exc:
+        await handler_failed()  # unless the run was cancelled: see there
+        if isinstance(exc, RunletError):
+            raise
         raise _adapter_failed(model, exc) from exc
     _check_response(model, response)
     if emit is not None and getattr(model, "stream", None) is None:

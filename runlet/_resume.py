@@ -74,13 +74,23 @@ from ._messages import ToolCall, ToolResult
 from ._result import RunResult
 from ._store import (
     CallRecord,
+    CheckpointStore,
     DurableCheckpointStore,
     InMemoryCheckpointStore,
     Resolution,
     cancelled_error,
 )
 from ._tracing import RunTrace, resume_span
-from ._util import described, json_form, log, or_warn, side_by_side, slot_builder, to_the_end
+from ._util import (
+    described,
+    is_cancellation,
+    json_form,
+    log,
+    or_warn,
+    side_by_side,
+    slot_builder,
+    to_the_end,
+)
 
 __all__ = ["resume"]
 
@@ -178,6 +188,9 @@ async def _resume(
             # yields, so nothing can stop it; protecting it would only cost time.) The
             # decisions are not protected: cancelled before they are stored, nothing ran.
             record_result = partial(_record_to_the_end, record)
+            # A cancellation that came while the decisions were written (a SQL store
+            # finishes the write in its thread, and raises nothing) starts no handler.
+            record = partial(_record_then_stop_if_cancelled, record)
         # 3-5. Record decisions, run, record results, continue.
         work = _continue(
             loop,
@@ -256,33 +269,56 @@ async def _resume_plain(
     result, _ = await _continue(loop, agent, checkpoint, answers, (), None, deferred, emit, trace)
     next_checkpoint = deferred[0] if deferred else None
     if next_checkpoint is not None:  # saved before this one goes: never neither
-        await store.save(next_checkpoint)
+        try:
+            await store.save(next_checkpoint)
+        except BaseException as exc:
+            if is_cancellation(exc):  # it may be saved all the same: nobody will hear of it
+                await to_the_end(partial(_take_back, store, next_checkpoint))
+            raise
         if trace is not None:
             trace.interrupted(next_checkpoint)
     try:
         await store.delete(checkpoint_id)
-    except anyio.get_cancelled_exc_class():
-        # Cancelled while deleting: delete again, to its end, so the run is not resumed a
-        # second time, then go on being cancelled. A delete does nothing for a checkpoint
-        # that is gone, so doing it twice is safe; protecting every delete up front would
-        # cost each resume a task.
-        await to_the_end(
-            partial(
-                or_warn,
-                partial(store.delete, checkpoint_id),
-                "The resume of checkpoint %r was cancelled while it deleted the checkpoint, "
-                "and deleting it failed; resuming it again runs its approved calls again (a "
-                "plain store is at least once), so delete it yourself: %s",
-                checkpoint_id,
-            )
-        )
-        raise
-    except Exception:
-        # The next checkpoint is saved all the same: a stream says so before the error.
-        await _announce(emit, next_checkpoint)
+    except BaseException as exc:
+        if is_cancellation(exc):
+            # A cancelled resume leaves its checkpoint resumable, though the delete may have
+            # gone through: it is saved back (resuming it runs its approved calls again: a
+            # plain store is at least once), and the next one, which nobody will hear of,
+            # is taken back.
+            await to_the_end(partial(_roll_back, store, checkpoint, next_checkpoint))
+        elif isinstance(exc, Exception):
+            # The next checkpoint is saved all the same: a stream says so before the error.
+            await _announce(emit, next_checkpoint)
         raise
     await _announce(emit, next_checkpoint)
     return result
+
+
+async def _roll_back(
+    store: CheckpointStore, checkpoint: Checkpoint, next_checkpoint: Checkpoint | None
+) -> None:
+    """Undo a plain-store resume's writes: *checkpoint* saved back, *next_checkpoint*
+    deleted. Failures are logged: the caller raises what stopped the resume."""
+    await or_warn(
+        partial(store.save, checkpoint),
+        "The resume of checkpoint %r was cancelled while it deleted the checkpoint, and "
+        "saving it back failed, so it may be gone although its caller was told nothing "
+        "finished: %s",
+        checkpoint.id,
+    )
+    if next_checkpoint is not None:
+        await _take_back(store, next_checkpoint)
+
+
+async def _take_back(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    """Delete *checkpoint*, saved by a plain-store resume that is being cancelled."""
+    await or_warn(
+        partial(store.delete, checkpoint.id),
+        "Checkpoint %r, saved by a resume that was then cancelled, could not be deleted; "
+        "nothing refers to it, and resuming it would continue a run whose earlier "
+        "checkpoint is still waiting: %s",
+        checkpoint.id,
+    )
 
 
 async def _announce(emit: Emit | None, checkpoint: Checkpoint | None) -> None:
@@ -675,6 +711,13 @@ async def _run_approved(
         await run.emit(ToolCallFinished(call, result))
 
 
+async def _record_then_stop_if_cancelled(record: Record, records: Sequence[CallRecord]) -> None:
+    """*record*, then raise the cancellation if one came meanwhile: the approved handlers
+    that would start next must not start for a caller who has gone."""
+    await record(records)
+    await anyio.lowlevel.checkpoint_if_cancelled()
+
+
 async def _record_to_the_end(record: Record, records: Sequence[CallRecord]) -> None:
     """*record*, which no cancellation can stop halfway or before it starts."""
     await to_the_end(partial(record, records))
@@ -760,9 +803,9 @@ async def _holding_lease(
         group.start_soon(keep, group.cancel_scope)
         try:
             outcome.append(await work)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, as itself
+        except BaseException as exc:
+            if is_cancellation(exc):  # a lost lease's, the caller's: the group handles it
+                raise
             failure.append(exc)
         done.set()
         if renewing[0]:  # do not wait for a renewal that is no longer needed

@@ -10,6 +10,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, overload
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -30,7 +31,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import DURABLE_MEMBERS, DURABLE_ONLY, CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, TracerProviderLike, Tracing, cancel_span, run_span
-from ._util import cancelled_here, own_copy
+from ._util import cancelled_here, is_cancellation, own_copy
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -168,6 +169,9 @@ class Runtime:
                 could not save the checkpoint; other errors from the store propagate.
         """
         run = self._start(agent, input, options, metadata, None)
+        # A cancelled caller runs nothing, even where nothing below would wait (a model
+        # and tools that never do): no handler starts, no checkpoint is saved.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         span = run_span(self._loop.tracing, run)
         if not isinstance(span, RunTrace):  # not traced: nothing to enter
             return await self._loop.drive(run)
@@ -363,6 +367,7 @@ class Runtime:
             raise CheckpointStoreRequiredError(
                 "cancel() needs the checkpoint store the run was saved in; this Runtime has none."
             )
+        await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller retires nothing
         with cancel_span(self._loop.tracing, checkpoint_id) as span:
             try:
                 if self._durable:
@@ -697,23 +702,23 @@ class RunStream:
             except Exception as exc:  # noqa: BLE001 - handed to the consumer
                 self._error = exc
                 return
-            except anyio.get_cancelled_exc_class() as exc:
+            except BaseException as exc:
                 assert self._group is not None
-                if self._group.cancel_scope.cancel_called or cancelled_here():
-                    self._cancelled = True  # iterating ends; the cancellation goes on
-                    raise
-                # A stray one, raised though nothing cancelled the run (on asyncio, a tool
-                # that awaited a future someone else cancelled): the task group would let
-                # it pass silently, so it goes to the consumer, as run() raises it.
-                self._interrupt = exc
-                self._group.cancel_scope.cancel()
-                return
-            except BaseException as exc:  # noqa: BLE001 - raised in the consumer's task
+                if is_cancellation(exc):  # (on trio, perhaps a group from a tool's nursery)
+                    if self._group.cancel_scope.cancel_called or cancelled_here():
+                        self._cancelled = True  # iterating ends; the cancellation goes on
+                        raise
+                    # A stray one, raised though nothing cancelled the run (on asyncio, a
+                    # tool that awaited a future someone else cancelled): the task group
+                    # would let it pass silently, so it goes to the consumer, as run()
+                    # raises it.
+                    self._interrupt = exc
+                    self._group.cancel_scope.cancel()
+                    return
                 # A KeyboardInterrupt or SystemExit from a tool. Raised from this task, it
                 # would also stop an asyncio event loop, whatever the caller does with it;
                 # so the block is stopped at once, and raises it as itself.
                 self._interrupt = exc
-                assert self._group is not None
                 self._group.cancel_scope.cancel()
                 return
             self._result = result

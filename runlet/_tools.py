@@ -91,24 +91,34 @@ _PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def _beyond_json(arguments: dict[str, Any]) -> str | None:
-    """Why *arguments*, which passed the schema, still cannot be taken: a float JSON has
-    no number for (``NaN``, ``Infinity``: it compares false with every bound and with an
-    approval policy's ``amount > 100``), or nesting deeper than :data:`MAX_NESTING`.
-    ``None`` if neither. Needs no recursion; subclasses count (an ``OrderedDict``), as
-    a custom adapter may give them."""
+    """Why *arguments*, which passed the schema, still cannot be taken: a value JSON has
+    no form for (a float such as ``NaN`` or ``Infinity``, which compares false with every
+    bound and with an approval policy's ``amount > 100``; a set, bytes, an object; a
+    mapping that is not a dict; a key that is not a string), or nesting deeper than
+    :data:`MAX_NESTING`. ``None`` if none. Needs no recursion; dict subclasses count (an
+    ``OrderedDict``), as a custom adapter may give them."""
     todo: list[tuple[Any, int]] = [(arguments, 1)]
     while todo:
         value, depth = todo.pop()
         if depth > MAX_NESTING:
             return f"they nest deeper than {MAX_NESTING} levels; flatten them"
-        for item in value.values() if isinstance(value, Mapping) else value:
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    return f"the key {key!r} is not a string, as JSON object keys must be"
+            items = value.values()
+        else:
+            items = value
+        for item in items:
             if type(item) in _PLAIN:
                 continue
             if isinstance(item, float):
                 if not math.isfinite(item):
                     return f"{item!r} is not a JSON number"
-            elif isinstance(item, (Mapping, list, tuple)):
+            elif isinstance(item, (dict, list, tuple)):
                 todo.append((item, depth + 1))
+            elif not isinstance(item, (str, int)):  # str and int subclasses write as JSON
+                return f"a value of type {type(item).__name__} is not JSON"
     return None
 
 
@@ -518,9 +528,10 @@ def _where(path: Any) -> str:
 
 
 async def handler_failed() -> None:
-    """Called when a handler raised an ordinary exception: if the run was cancelled
-    meanwhile, go on being cancelled. A handler whose cleanup raises (a ``finally`` that
-    fails while the cancellation passes through) would otherwise turn the cancellation
-    into an error result for the model, and on trio, where nothing re-delivers it, a run
-    that does not wait again would finish as if no deadline had passed."""
+    """Called when a handler, an approval policy or a model adapter raised an ordinary
+    exception: if the run was cancelled meanwhile, go on being cancelled. One whose
+    clean-up raises (a ``finally`` that fails while the cancellation passes through) would
+    otherwise turn the cancellation into an error result for the model or a
+    :class:`~runlet.ModelError`, and on trio, where nothing re-delivers it, a run that
+    does not wait again would finish as if no deadline had passed."""
     await anyio.lowlevel.checkpoint_if_cancelled()

@@ -27,9 +27,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-import anyio
-
 from ._tools import edited_content
+from ._util import is_cancellation
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -719,7 +718,7 @@ def _without_message(exc: BaseException) -> dict[str, Any]:
 
 
 def _kind(exc: BaseException) -> str:
-    return "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else type(exc).__name__
+    return "cancelled" if is_cancellation(exc) else type(exc).__name__
 
 
 def _links(api: _Api, checkpoint: Any) -> list[Any]:
@@ -747,13 +746,13 @@ def _reference(span: Span) -> dict[str, str] | None:
 
 
 def _error_type(exc: BaseException) -> str:
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
+    if is_cancellation(exc):
         return "cancelled"
     return type(exc).__qualname__
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
+    if is_cancellation(exc):
         return "cancelled"
     return f"{type(exc).__name__}: {exc}"
 

@@ -171,6 +171,79 @@ def json_form(value: Any) -> Any:
     return value
 
 
+_SAME_BY_EQ = frozenset({str, int, float, type(None)})
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether *a* and *b* are the same JSON value: like ``==``, but a bool is never a
+    number (``False == 0`` in Python) and an int never a float (``1 == 1.0``), as their
+    JSON texts differ; a list and a tuple are both arrays, any two mappings both objects.
+    What a person approves must be exactly what runs."""
+    if a is b:
+        return True
+    kind = type(a)
+    if (kind is dict or kind is list) and type(b) is kind and a == b and _same_types(a, b):
+        # The usual case: equal to Python, and the same JSON, as a bool, an int and a float
+        # taken for one another would show in the types. Otherwise (keys in another
+        # order, a tuple inside for a list, values that differ) look closer.
+        return True
+    return _same_json(a, b)
+
+
+_NESTED = frozenset({dict, list})
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """Whether *a* and *b*, equal containers of one type, hold values of the same types
+    in the same places, all the way down (``False`` may still be the same JSON)."""
+    if type(a) is dict:
+        if list(a) != list(b):
+            return False
+        a = list(a.values())
+        b = list(b.values())
+    kinds = list(map(type, a))
+    if kinds != list(map(type, b)):
+        return False
+    if _NESTED.isdisjoint(kinds):
+        return True
+    for index, kind in enumerate(kinds):
+        if kind in _NESTED and not _same_types(a[index], b[index]):
+            return False
+    return True
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is type(b):
+        if kind in _SAME_BY_EQ:
+            return bool(a == b)
+        if kind is dict:
+            if len(a) != len(b):
+                return False
+            for key, value in a.items():
+                if key not in b:
+                    return False
+                other = b[key]
+                if value is other or (
+                    type(value) is type(other) and type(value) in _SAME_BY_EQ and value == other
+                ):
+                    continue
+                if not _same_json(value, other):
+                    return False
+            return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return isinstance(a, float) == isinstance(b, float) and bool(a == b)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same_json(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def own_copy(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """A dict copy of *mapping* in which every nested plain ``dict``, ``list`` and
     ``tuple`` is copied too. Anything else is shared as it is (a ``Counter`` stays the
@@ -210,6 +283,19 @@ def _copied(value: Any, memo: dict[int, Any]) -> Any:
     return tuple([_copied(item, memo) for item in value])
 
 
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether *exc* is the backend's cancellation, or an exception group that holds
+    nothing else: on trio, a cancelled nursery of a tool's own raises a group of
+    ``Cancelled``, which the cancel scope that caused it takes as its own."""
+    cancelled = anyio.get_cancelled_exc_class()
+    if isinstance(exc, cancelled):
+        return True
+    split = getattr(exc, "split", None)
+    if split is None or not isinstance(getattr(exc, "exceptions", None), tuple):
+        return False  # not an exception group
+    return split(cancelled)[1] is None  # nothing but cancellations in it
+
+
 def cancelled_here() -> bool:
     """Whether a cancel scope around the current task has been cancelled (its deadline
     reached or ``cancel()`` called), so a cancellation exception here is a real one."""
@@ -246,10 +332,10 @@ async def _or_stop(
 ) -> None:
     try:
         await work()
-    except anyio.get_cancelled_exc_class() as exc:
-        if not scope.cancel_called and not cancelled_here():
-            stray.append(exc)
-        raise
-    except BaseException as exc:  # noqa: BLE001 - raised by side_by_side, as itself
+    except BaseException as exc:
+        if is_cancellation(exc):
+            if not scope.cancel_called and not cancelled_here():
+                stray.append(exc)
+            raise
         failures.append(exc)
         scope.cancel()

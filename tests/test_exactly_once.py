@@ -933,6 +933,46 @@ def test_a_checkpoint_that_does_not_hang_together_is_refused_when_structured(
     assert where == info.value.path
 
 
+KIND_MIXUPS = [
+    # Python finds each pair equal (False == 0, 1 == True == 1.0); JSON, a person and a
+    # handler that tests `is False` do not.
+    ("pending-0", ("pending_tool_calls", 0, "arguments", "dry_run"), 0, "pending"),
+    ("pending-float", ("pending_tool_calls", 0, "arguments", "count"), 1.0, "pending"),
+    ("model-0", ("transcript", 1, "tool_calls", 0, "arguments", "dry_run"), 0, "pending"),
+    ("request-0", ("request", "tool_call", "arguments", "dry_run"), 0, "request.tool_call"),
+    ("request-true", ("request", "tool_call", "arguments", "count"), True, "request.tool_call"),
+]
+
+
+@pytest.mark.parametrize("detailed", [False, True], ids=["json", "tuples"])
+@pytest.mark.parametrize(
+    ("path", "value", "where"), [c[1:] for c in KIND_MIXUPS], ids=[c[0] for c in KIND_MIXUPS]
+)
+def test_arguments_equal_only_to_python_do_not_hang_together(
+    path: Sequence[Any], value: Any, where: str, detailed: bool
+) -> None:
+    call_ = ToolCall("c1", "deploy", {"order_id": "1", "dry_run": False, "count": 1})
+    request = runlet.HumanRequest("req_1", "approval", "Allow?", tool_call=call_)
+    data = json.loads(json.dumps(unstructure_checkpoint(_one_call_checkpoint(call_, request))))
+    _edit(data, path, value)
+    if detailed:  # data not straight from json.loads takes the detailed converter
+        data["messages"] = tuple(data["messages"])
+    with pytest.raises(CheckpointSerializationError, match="does not hang together") as info:
+        structure_checkpoint(data)
+    expected = "pending_tool_calls[0].arguments" if where == "pending" else where
+    assert expected == info.value.path
+
+
+def test_a_structured_checkpoint_writes_back_the_json_it_was_read_from() -> None:
+    call_ = ToolCall("c1", "deploy", {"dry_run": False, "count": 1, "ratio": 1.0, "n": None})
+    request = runlet.HumanRequest("req_1", "approval", "Allow?", tool_call=call_)
+    text = json.dumps(unstructure_checkpoint(_one_call_checkpoint(call_, request)))
+    again = structure_checkpoint(json.loads(text))
+    assert text == json.dumps(unstructure_checkpoint(again))
+    arguments = again.pending_tool_calls[0].arguments
+    assert [bool, int, float] == [type(arguments[k]) for k in ("dry_run", "count", "ratio")]
+
+
 async def test_a_checkpoint_that_does_not_hang_together_is_refused_at_resume() -> None:
     rt, agent, payments, _, first = await refund_run()
     store = rt.checkpoint_store
@@ -2046,28 +2086,31 @@ async def test_a_resumed_run_gets_read_only_options() -> None:
     assert {"temperature": 0.1} == (await elsewhere.get(cp(first))).checkpoint.options
 
 
-async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpoint() -> None:
-    class SlowPlain:
-        """A three-method store whose delete really waits."""
+class _CancelledDeleting(_PlainStore):
+    """A three-method store whose first delete goes through and then waits, so a
+    cancellation lands after the checkpoint is gone; *fail_saves* makes the saves after
+    it fail."""
 
-        def __init__(self) -> None:
-            self.rows: dict[str, Checkpoint] = {}
-            self.deleting = anyio.Event()
-            self.go = anyio.Event()
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleting = anyio.Event()
+        self.fail_saves = False
 
-        async def save(self, checkpoint: Checkpoint) -> None:
-            self.rows[checkpoint.id] = checkpoint
+    async def save(self, checkpoint: Checkpoint) -> None:
+        if self.fail_saves and self.deleting.is_set():
+            raise OSError("disk gone")
+        await super().save(checkpoint)
 
-        async def load(self, checkpoint_id: str) -> Checkpoint:
-            return self.rows[checkpoint_id]
-
-        async def delete(self, checkpoint_id: str) -> None:
+    async def delete(self, checkpoint_id: str) -> None:
+        self.rows.pop(checkpoint_id, None)
+        if not self.deleting.is_set():  # the resume's own delete: cancelled in there
             self.deleting.set()
-            await self.go.wait()
-            self.rows.pop(checkpoint_id, None)
+            await anyio.sleep_forever()
 
-    store = SlowPlain()
-    rt, agent, _, _, first = await refund_run(store=store, script=["Done."])
+
+async def _cancel_while_deleting(
+    rt: Runtime, agent: Agent, store: _CancelledDeleting, first: RunResult
+) -> list[str]:
     outcomes: list[str] = []
     async with anyio.create_task_group() as group:
 
@@ -2081,47 +2124,42 @@ async def test_cancelling_during_a_plain_stores_delete_still_retires_the_checkpo
 
         group.start_soon(attempt)
         await store.deleting.wait()
-        group.cancel_scope.cancel()  # lands inside the delete, which is done again shielded
-        store.go.set()
-
-    assert {} == store.rows
-    assert ["cancelled"] == outcomes  # the cancellation goes on after the delete
+        group.cancel_scope.cancel()
+    return outcomes
 
 
-async def test_a_plain_stores_delete_that_fails_once_cancelled_is_logged(
+async def test_cancelling_during_a_plain_stores_delete_leaves_the_checkpoint_resumable() -> None:
+    store = _CancelledDeleting()
+    rt, agent, payments, _, first = await refund_run(store=store, script=["Done.", "Done."])
+    assert ["cancelled"] == await _cancel_while_deleting(rt, agent, store, first)
+    assert [cp(first)] == list(store.rows)  # saved back: the delete had gone through
+    # At least once, as a plain store is: resuming it again runs the approved call again.
+    again = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
+    assert ("completed", 2) == (again.status, len(payments.attempts))
+
+
+async def test_cancelling_during_a_plain_stores_delete_takes_the_next_checkpoint_back() -> None:
+    store = _CancelledDeleting()
+    second = call("refund", id="c2", order_id="2")
+    rt, agent, _, _, first = await refund_run(store=store, script=[second, "Done."])
+    assert ["cancelled"] == await _cancel_while_deleting(rt, agent, store, first)
+    assert [cp(first)] == list(store.rows)  # the run's next checkpoint: nobody heard of it
+
+
+async def test_a_plain_store_that_cannot_save_a_cancelled_resumes_checkpoint_back_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    class FailingPlain(_PlainStore):
-        """Its delete waits; done again after the cancellation, it fails."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.deleting = anyio.Event()
-            self.deletes = 0
-
-        async def delete(self, checkpoint_id: str) -> None:
-            self.deletes += 1
-            if self.deletes > 1:
-                raise OSError("disk gone")
-            self.deleting.set()
-            await anyio.sleep_forever()
-
-    store = FailingPlain()
-    rt, agent, payments, _, first = await refund_run(store=store, script=["Done."])
+    store = _CancelledDeleting()
+    store.fail_saves = True
+    rt, agent, _, _, first = await refund_run(store=store, script=["Done."])
     with caplog.at_level("WARNING", logger="runlet"):
-        async with anyio.create_task_group() as group:
-            group.start_soon(
-                partial(rt.resume, agent, checkpoint_id=cp(first), response=approve(first))
-            )
-            await store.deleting.wait()
-            group.cancel_scope.cancel()
-    assert (2, 1) == (store.deletes, len(payments.attempts))
-    assert cp(first) in store.rows  # not deleted: resuming it again would pay again
+        assert ["cancelled"] == await _cancel_while_deleting(rt, agent, store, first)
+    assert {} == store.rows
     [warning] = [r for r in caplog.records if r.name == "runlet"]
     message = warning.getMessage()
     assert repr(cp(first)) in message
+    assert "saving it back failed" in message
     assert "OSError: disk gone" in message
-    assert "runs its approved calls again" in message
 
 
 async def test_a_contradicting_answer_is_refused_before_it_claims_anything() -> None:

@@ -1036,6 +1036,16 @@ class TestArgumentsJSONCannotHold:
             ({"order": collections.OrderedDict(x=float("inf"))}, "inf is not a JSON number"),
             (_nested(101), "they nest deeper than 100 levels; flatten them"),
             (_nested(5000), "they nest deeper than 100 levels; flatten them"),
+            # Values JSON has no form for, where the schema leaves the property open: the
+            # person would be shown their repr() as if it were a string.
+            ({"memo": {1, 2}}, "a value of type set is not JSON"),
+            ({"memo": [b"\x00"]}, "a value of type bytes is not JSON"),
+            ({"meta": {7: "x"}}, "the key 7 is not a string, as JSON object keys must be"),
+            (
+                {"meta": {"a": MappingProxyType({"b": 1})}},
+                "a value of type mappingproxy is not JSON",
+            ),
+            ({"memo": object()}, "a value of type object is not JSON"),
         ],
     )
     @pytest.mark.parametrize("gated", [True, False])

@@ -13,7 +13,7 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import event_strategies, json_objects, not_json, run_results
+from strategies import event_strategies, json_objects, json_values, not_json, run_results
 
 from runlet import (
     CallRecord,
@@ -44,7 +44,7 @@ from runlet._errors import RunletError
 from runlet._human import HumanRequest, utc_now
 from runlet._messages import ZERO_USAGE
 from runlet._tools import _encode, show_arguments
-from runlet._util import slot_builder
+from runlet._util import same_json, slot_builder
 
 
 def _checkpoint(**changes: Any) -> Checkpoint:
@@ -504,3 +504,43 @@ def test_the_quick_json_check_finds_what_the_long_one_names(bad: Any) -> None:
         assert not _is_json_object(value)
         with pytest.raises(CheckpointSerializationError):
             _check_object(value, "")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ({"x": False}, {"x": False}, True),
+        ({"x": False}, {"x": 0}, False),
+        ({"x": 1}, {"x": True}, False),
+        ({"x": 1}, {"x": 1.0}, False),
+        ({"x": [1, {"y": "z"}]}, {"x": (1, {"y": "z"})}, True),  # both arrays
+        ({"x": [0]}, {"x": [False]}, False),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}, True),  # key order is not JSON's business
+        ({"a": 1}, {"a": 1, "b": 2}, False),
+        ({"a": 1}, {"b": 1}, False),
+        ([1, 2], [1, 2, 3], False),
+        (types.MappingProxyType({"x": 0.5}), {"x": 0.5}, True),
+        ("s", "s", True),
+        (None, None, True),
+        (None, 0, False),
+    ],
+)
+def test_same_json_tells_values_python_finds_equal_apart(a: Any, b: Any, same: bool) -> None:
+    assert (same, same) == (same_json(a, b), same_json(b, a))
+
+
+@given(json_values)
+def test_same_json_holds_for_a_value_and_its_json_copy(value: Any) -> None:
+    assert same_json(value, json.loads(json.dumps(value)))
+
+
+@given(json_objects, json_objects)
+def test_same_json_is_narrower_than_python_equality_and_no_narrower_than_json(
+    a: Any, b: Any
+) -> None:
+    same = same_json(a, b)
+    assert same == same_json(b, a)
+    if same:
+        assert a == b
+    if json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True):
+        assert same

@@ -613,6 +613,9 @@ async def test_stream_interruption_then_resume_returns_a_plain_result() -> None:
     ("kwargs", "message"),
     [
         ({"action": "accept"}, "action 'accept' is unknown"),
+        # What json.loads gives for a bad request body: refused, not a TypeError.
+        ({"action": ["approve"]}, r"action \['approve'\] is unknown"),
+        ({"action": {"approve": True}}, r"action \{'approve': True\} is unknown"),
         ({"action": "approve", "edited_arguments": ["x"]}, "must be a mapping"),
         ({"action": "approve", "edited_arguments": "x=1"}, "must be a mapping"),
         ({"action": "select"}, "needs value= a string"),
@@ -623,6 +626,8 @@ async def test_stream_interruption_then_resume_returns_a_plain_result() -> None:
     ],
     ids=[
         "unknown-action",
+        "list-action",
+        "dict-action",
         "edited-list",
         "edited-str",
         "select-no-value",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 import pytest
@@ -25,6 +26,7 @@ from _store_semantics import (
 )
 from conftest import BACKENDS
 
+import runlet
 from runlet import (
     CheckpointClaimedError,
     CheckpointNotFoundError,
@@ -34,7 +36,7 @@ from runlet import (
     StoreSchemaError,
 )
 from runlet.stores.sqlite import SQLiteCheckpointStore
-from runlet.testing import store_conformance_tests
+from runlet.testing import ScriptedModel, call, store_conformance_tests
 
 _tmp: list[Path] = []
 
@@ -276,6 +278,62 @@ async def test_a_cancelled_claim_that_cannot_be_given_back_is_logged(
         [warning] = [r for r in caplog.records if r.name == "runlet"]
         assert "'cp_1'" in warning.getMessage()
         assert "OSError: disk I/O error" in warning.getMessage()
+
+
+async def test_a_resume_cancelled_while_it_writes_its_decisions_starts_no_handler() -> None:
+    """The decisions are written in a worker thread, which finishes the write after the
+    cancellation came; the approved handler must not start for the caller who left."""
+    started: list[str] = []
+
+    async def pay(arguments: Any, context: runlet.ToolContext) -> str:
+        started.append(context.idempotency_key)  # a side effect before the first await
+        await anyio.lowlevel.checkpoint()
+        return "paid"
+
+    tool = runlet.ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    model = ScriptedModel([call("pay", id="c1"), "Done.", "Done."])
+    agent = runlet.Agent("payer", "Pay when approved.", model, (tool,))
+    async with SQLiteCheckpointStore(db_path()) as store:
+        rt = runlet.Runtime(checkpoint_store=store)
+        first = await rt.run(agent, "Pay.")
+        assert first.interruption is not None
+        assert first.checkpoint_id is not None
+        response = runlet.HumanResponse(first.interruption.id, "approve")
+        record = store.record
+        taking: list[threading.Event] = []
+
+        async def spy(checkpoint_id: str, token: str, records: Any) -> None:
+            if all(r.result is None for r in records):  # the decisions: made to wait
+                blocker.execute("BEGIN IMMEDIATE")
+                taking.append(announce_taking(store))
+            await record(checkpoint_id, token, records)
+
+        store.record = spy  # type: ignore[method-assign]
+        blocker = sqlite3.connect(db_path(), isolation_level=None)
+        try:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(
+                        partial(
+                            rt.resume, agent, checkpoint_id=first.checkpoint_id, response=response
+                        )
+                    )
+                    while not taking:
+                        await anyio.lowlevel.checkpoint()
+                    await anyio.to_thread.run_sync(taking[0].wait)
+                    scope.cancel()  # lands while the thread waits for the write lock
+                    blocker.execute("COMMIT")
+        finally:
+            blocker.close()
+        assert scope.cancelled_caught
+        assert [] == started
+        store.record = record  # type: ignore[method-assign]
+        # The decision was stored, so the retry cannot tell this from a handler cut off
+        # inside: it asks again, on the safe side, and only then the call runs.
+        again = await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=response)
+        assert again.interruption is not None
+        assert again.interruption.outcome_unknown
+        assert [] == started
 
 
 async def test_a_claim_cancelled_natively_twice_still_gives_the_checkpoint_back(

@@ -1,0 +1,229 @@
+"""Cancellation that arrives in shapes the plain checks miss: a group of cancellations
+from a tool's own task group (trio's nurseries raise one), a model adapter whose clean-up
+fails while it is cancelled, a cancellation that lands while a resume writes to its
+store. Each must stay a cancellation: never an error result, never an exception group
+where a plain exception is promised, never a handler started for a caller who left."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import runlet
+from runlet import (
+    Agent,
+    CallRecord,
+    HumanResponse,
+    InMemoryCheckpointStore,
+    LeaseLostError,
+    ModelRequest,
+    ResultNotRecordedError,
+    RunResult,
+    Runtime,
+    ToolCallStarted,
+    ToolContext,
+    ToolSpec,
+)
+from runlet.testing import ScriptedModel, call
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+pytestmark = pytest.mark.anyio
+
+
+async def own_tasks(arguments: Mapping[str, Any], context: ToolContext) -> str:
+    """A handler that runs tasks of its own and, cancelled, raises what a trio nursery
+    raises then: a group holding the cancellation."""
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class() as exc:
+        raise BaseExceptionGroup("the tool's own tasks", [exc]) from None
+    return "never"
+
+
+def approval_agent(*tools: ToolSpec, script: Sequence[Any]) -> Agent:
+    return Agent("payer", "Pay when approved.", ScriptedModel(list(script)), tools)
+
+
+def approve(result: RunResult) -> HumanResponse:
+    assert result.interruption is not None
+    return HumanResponse(result.interruption.id, "approve")
+
+
+# --- Groups of cancellations -------------------------------------------------------
+
+
+async def test_leaving_a_stream_while_a_tool_runs_its_own_tasks_is_clean() -> None:
+    tool = ToolSpec("fetch", "Fetch.", {"type": "object"}, own_tasks)
+    agent = approval_agent(tool, script=[call("fetch", id="c1"), "Done."])
+    seen: list[str] = []
+    async with Runtime().stream(agent, "Go.") as stream:
+        async for event in stream:
+            if isinstance(event, ToolCallStarted):
+                await anyio.lowlevel.checkpoint()  # the handler is waiting now
+                seen.append("started")
+                break  # leaving stops the run: no group of cancellations comes out
+    assert ["started"] == seen
+
+
+async def test_a_lost_lease_is_raised_as_itself_when_the_handler_raises_a_group() -> None:
+    class Losing(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            raise LeaseLostError("taken over", checkpoint_id=checkpoint_id)
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, own_tasks, requires_approval=True)
+    agent = approval_agent(tool, script=[call("pay", id="c1"), "Done."])
+    rt = Runtime(checkpoint_store=Losing(lease=0.03))
+    first = await rt.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    with anyio.fail_after(10), pytest.raises(LeaseLostError):
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+
+
+async def test_a_failed_record_is_raised_as_itself_beside_a_handler_that_raises_a_group() -> None:
+    """Two approved calls run side by side; the store cannot record the quick one's
+    result, which stops the other: its group of cancellations must not hide the error."""
+
+    class NoResults(InMemoryCheckpointStore):
+        async def record(
+            self, checkpoint_id: str, token: str, records: Sequence[CallRecord]
+        ) -> None:
+            if any(record.result is not None for record in records):
+                raise OSError("disk full")
+            await super().record(checkpoint_id, token, records)
+
+    async def quick(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "paid"
+
+    slow = ToolSpec("slow", "Pay slowly.", {"type": "object"}, own_tasks, requires_approval=True)
+    fast = ToolSpec("fast", "Pay fast.", {"type": "object"}, quick, requires_approval=True)
+    model = ScriptedModel([[call("slow", id="c1"), call("fast", id="c2")], "Done."])
+    agent = Agent("payer", "Pay when approved.", model, (slow, fast))
+    rt = Runtime(checkpoint_store=NoResults())
+    first = await rt.run(agent, "Pay twice.")
+    assert first.checkpoint_id is not None
+    responses = [HumanResponse(r.id, "approve") for r in first.pending_requests]
+    with anyio.fail_after(10), pytest.raises(ResultNotRecordedError) as caught:
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, responses=responses)
+    assert "c2" == caught.value.tool_call_id
+
+
+async def caught_cancellation() -> BaseException:
+    """A real instance of the backend's cancellation exception."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class() as exc:
+            return exc
+    raise AssertionError("not cancelled")
+
+
+async def test_what_counts_as_a_cancellation() -> None:
+    from runlet._tracing import _error_type
+    from runlet._util import is_cancellation
+
+    cancelled = await caught_cancellation()
+    group = BaseExceptionGroup("tasks", [cancelled, BaseExceptionGroup("inner", [cancelled])])
+    mixed = BaseExceptionGroup("tasks", [cancelled, KeyboardInterrupt()])
+    assert [True, True, False, False] == [
+        is_cancellation(exc) for exc in (cancelled, group, mixed, ValueError("x"))
+    ]
+    # A span records a group of cancellations as a cancellation, not as an error.
+    assert ["cancelled", "cancelled", "BaseExceptionGroup"] == [
+        _error_type(exc) for exc in (cancelled, group, mixed)
+    ]
+
+
+# --- A model adapter that fails while it is cancelled -----------------------------
+
+
+class FailsWhenCancelled:
+    """A model whose clean-up fails while a cancellation passes through (an HTTP client
+    whose close raises, say)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.started = anyio.Event()
+
+    async def complete(self, request: ModelRequest) -> runlet.ModelResponse:
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            raise self.error  # the clean-up failing is the point
+
+
+@pytest.mark.parametrize(
+    "error",
+    [OSError("connection reset while closing"), runlet.ModelAPIError("closed", status_code=500)],
+    ids=["adapter-error", "runlet-error"],
+)
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "stream"])
+async def test_a_model_failing_while_cancelled_stays_cancelled(
+    error: Exception, streamed: bool
+) -> None:
+    model = FailsWhenCancelled(error)
+    agent = Agent("a", "", model)
+    rt = Runtime()
+    streams: list[runlet.RunStream] = []
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+
+            async def go() -> None:
+                if streamed:
+                    async with rt.stream(agent, "Hi.") as stream:
+                        streams.append(stream)
+                        async for _ in stream:
+                            pass
+                else:
+                    await rt.run(agent, "Hi.")
+
+            group.start_soon(go)
+            await model.started.wait()
+            scope.cancel()
+    assert scope.cancelled_caught  # not a ModelError out of a cancelled scope
+    if streamed:  # the stream's run ended cancelled too, not failed with a ModelError
+        with pytest.raises(runlet.RunletError, match=r"stopped the run|run was cancelled"):
+            streams[0].result  # noqa: B018 - the property raises
+
+
+# --- A caller cancelled before it calls ---------------------------------------------
+
+
+async def test_a_run_for_a_cancelled_caller_runs_nothing() -> None:
+    ran: list[str] = []
+
+    async def send(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        ran.append("sent")  # before its first await: a model that never waits gets here
+        return "sent"
+
+    tool = ToolSpec("send", "Send.", {"type": "object"}, send)
+    gated = ToolSpec("pay", "Pay.", {"type": "object"}, send, requires_approval=True)
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store)
+    agent = approval_agent(tool, gated, script=[[call("send"), call("pay")], "Done."])
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await rt.run(agent, "Go.")
+    assert scope.cancelled_caught
+    assert ([], []) == (ran, list(await store.list_pending()))
+
+
+async def test_cancel_for_a_cancelled_caller_retires_nothing() -> None:
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, own_tasks, requires_approval=True)
+    store = InMemoryCheckpointStore()
+    rt = Runtime(checkpoint_store=store)
+    first = await rt.run(approval_agent(tool, script=[call("pay")]), "Pay.")
+    assert first.checkpoint_id is not None
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await rt.cancel(first.checkpoint_id)
+    assert scope.cancelled_caught
+    assert "pending" == (await store.get(first.checkpoint_id)).status
