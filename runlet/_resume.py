@@ -796,6 +796,14 @@ async def _holding_lease(
                     lease,
                 )
                 continue
+            except BaseException as exc:
+                if is_cancellation(exc):
+                    raise
+                # A KeyboardInterrupt or SystemExit: raised below as itself, before all
+                # else, not from this task inside an exception group.
+                failure.append(exc)
+                scope.cancel()
+                return
             finally:
                 renewing[0] = False
 
@@ -810,8 +818,9 @@ async def _holding_lease(
         done.set()
         if renewing[0]:  # do not wait for a renewal that is no longer needed
             group.cancel_scope.cancel()
-    if failure and not isinstance(failure[0], Exception):
-        raise failure[0]  # a KeyboardInterrupt or SystemExit goes before all else
+    for each in failure:  # a KeyboardInterrupt or SystemExit goes before all else
+        if not isinstance(each, Exception):
+            raise each
     if lost:
         raise lost[0]
     if failure:

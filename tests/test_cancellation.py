@@ -227,3 +227,22 @@ async def test_cancel_for_a_cancelled_caller_retires_nothing() -> None:
         await rt.cancel(first.checkpoint_id)
     assert scope.cancelled_caught
     assert "pending" == (await store.get(first.checkpoint_id)).status
+
+
+class _Stop(BaseException):
+    """Neither an error nor a cancellation: stands in for KeyboardInterrupt and
+    SystemExit, which asyncio would raise out of the event loop itself."""
+
+
+async def test_a_renewal_that_raises_a_base_exception_raises_it_as_itself() -> None:
+    class Stopping(InMemoryCheckpointStore):
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            raise _Stop
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, own_tasks, requires_approval=True)
+    agent = approval_agent(tool, script=[call("pay", id="c1"), "Done."])
+    rt = Runtime(checkpoint_store=Stopping(lease=0.03))
+    first = await rt.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    with anyio.fail_after(10), pytest.raises(_Stop):  # not inside an exception group
+        await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))

@@ -264,7 +264,7 @@ class TestAdapters:
         self, adapter: Callable[..., HTTPModel]
     ) -> None:
         async with adapter("m") as model:
-            timeout = model._client().timeout
+            timeout = (await model._client()).timeout
         assert (timeout.connect, timeout.read, timeout.write, timeout.pool) == (
             DEFAULT_CONNECT_TIMEOUT,
             DEFAULT_TIMEOUT,
@@ -276,8 +276,42 @@ class TestAdapters:
     @pytest.mark.anyio
     async def test_timeouts_are_configurable(self) -> None:
         async with OpenAIChatModel("m", timeout=None, connect_timeout=2.5) as model:
-            timeout = model._client().timeout
+            timeout = (await model._client()).timeout
         assert (timeout.connect, timeout.read) == (2.5, None)
+
+    @pytest.mark.anyio
+    async def test_clients_read_the_tls_settings_once_and_off_the_event_loop(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reading the CA bundle takes 50-100 ms: done in the event loop's thread, it would
+        hold up every other task each time a client is made."""
+        import threading
+
+        from runlet.providers import _http
+
+        made: list[bool] = []
+        create = httpx.create_ssl_context
+
+        def spy() -> Any:
+            made.append(threading.current_thread() is threading.main_thread())
+            return create()
+
+        monkeypatch.setattr(httpx, "create_ssl_context", spy)
+        monkeypatch.setattr(_http, "_TLS", [])
+        model = OpenAIChatModel("m")
+        async with anyio.create_task_group() as group:  # two first requests at once
+            clients: list[httpx.AsyncClient] = []
+
+            async def first() -> None:
+                clients.append(await model._client())
+
+            group.start_soon(first)
+            group.start_soon(first)
+        assert clients[0] is clients[1]  # one client, not one left behind
+        await model.aclose()
+        async with model:  # a new client after aclose(): the settings are not read again
+            assert await model._client() is not clients[0]
+        assert [False] == made  # once, and in a worker thread
 
     @pytest.mark.parametrize("bad", [0, -1, "5", True, float("nan")])
     def test_bad_timeouts(self, bad: Any) -> None:

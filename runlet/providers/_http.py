@@ -14,6 +14,7 @@ import json
 import math
 import random
 import re
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
@@ -22,6 +23,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import attrs
 
 try:
@@ -83,6 +85,21 @@ _SNIPPET = 500
 
 # A surrogate code point on its own, which UTF-8 cannot encode.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# The TLS settings every client the adapters make shares (httpx's defaults: its CA bundle,
+# or SSL_CERT_FILE / SSL_CERT_DIR), read once per process, in a worker thread: reading
+# the CA bundle takes 50-100 ms, which each new client would otherwise spend inside the
+# event loop, holding up every other task.
+_TLS: list[Any] = []
+_TLS_LOCK = threading.Lock()
+
+
+def _tls_context() -> Any:
+    with _TLS_LOCK:  # two first requests at once read it once
+        if not _TLS:
+            create = getattr(httpx, "create_ssl_context", None)
+            _TLS.append(True if create is None else create())
+        return _TLS[0]
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -618,7 +635,7 @@ class HTTPModel:
 
     # -- client ownership ---------------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> httpx.AsyncClient:
         if self._given_client is not None:
             return self._given_client
         loop = anyio.lowlevel.current_token()
@@ -629,7 +646,11 @@ class HTTPModel:
             # starts a fresh client. A client made in another event loop (an earlier
             # asyncio.run(), a trio run) is left behind: its pooled connections belong
             # to that loop and cannot be used from this one.
-            client = self._own_client = httpx.AsyncClient(timeout=self._timeout)
+            tls = _TLS[0] if _TLS else await anyio.to_thread.run_sync(_tls_context)
+            client = self._own_client
+            if client is not None and self._own_client_loop == loop:
+                return client  # another request made it meanwhile
+            client = self._own_client = httpx.AsyncClient(timeout=self._timeout, verify=tls)
             self._own_client_loop = loop
         return client
 
@@ -796,7 +817,7 @@ class HTTPModel:
     async def _send(self, content: bytes, *, stream: bool) -> httpx.Response:
         """POST *content*, retrying what may succeed later; return a 2xx response
         (still open when *stream*)."""
-        client = self._client()
+        client = await self._client()
         policy = self._retry
         started = self._clock()
         attempt = 0

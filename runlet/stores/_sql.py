@@ -117,7 +117,8 @@ class Statements:
     seq: str
     page: str
     decisions: str
-    purge_records: str
+    # None: the purge statement deletes the records too, and returns the count.
+    purge_records: str | None
     purge: str
     # SQLite: one writer at a time, so a purge goes in batches of *purge_batch*
     # checkpoints, with a pause between them for the other writers; *purge_cutoff*
@@ -202,7 +203,8 @@ class SQLStore:
         if self._limiter is not None:
             raise ConfigurationError(f"This {self._name} is already open; enter it once.")
         try:
-            await anyio.to_thread.run_sync(self._open)
+            await to_the_end(partial(anyio.to_thread.run_sync, self._open))
+            await anyio.lowlevel.checkpoint_if_cancelled()
         except anyio.get_cancelled_exc_class():
             # The thread finished opening before the cancellation took effect.
             await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
@@ -315,8 +317,10 @@ class SQLStore:
 
         def work() -> None:
             with self._connection(write=True, atomic=True) as conn:
-                conn.execute(self._sql.delete_records, {"id": checkpoint_id})
+                # The checkpoint first: its row lock makes a concurrent record() wait
+                # and then find no holder, so no record is left behind.
                 conn.execute(self._sql.delete, {"id": checkpoint_id})
+                conn.execute(self._sql.delete_records, {"id": checkpoint_id})
 
         await self._run(work)
 
@@ -373,7 +377,7 @@ class SQLStore:
             raise claimed_error(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         try:
-            claim = await self._run(work)
+            claim = await to_the_end(partial(self._run, work))
             # A cancellation that arrived while the thread ran must not hand out a claim
             # the caller will never see.
             await anyio.lowlevel.checkpoint_if_cancelled()
@@ -606,8 +610,10 @@ class SQLStore:
             with self._connection(write=True, atomic=True) as conn:
                 if sql.purge_cutoff is not None and "cutoff" not in params:
                     params["cutoff"] = conn.execute(sql.purge_cutoff, params).fetchone()[0]
-                conn.execute(sql.purge_records, params)
-                purged: int = conn.execute(sql.purge, params).rowcount
+                if sql.purge_records is not None:
+                    conn.execute(sql.purge_records, params)
+                cursor = conn.execute(sql.purge, params)
+                purged: int = cursor.fetchone()[0] if sql.purge_records is None else cursor.rowcount
             return purged
 
         total = 0

@@ -197,15 +197,16 @@ WHERE r.run_id = %(run_id)s
 ORDER BY c.seq, r.seq
 """
 
-PURGE_RECORDS: Final = """
-DELETE FROM runlet_records WHERE checkpoint_id IN (
-    SELECT id FROM runlet_checkpoints
-    WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second')
-"""
-
+# One statement, one snapshot and one clock reading: the records of exactly the
+# checkpoints it deletes.
 PURGE: Final = """
-DELETE FROM runlet_checkpoints
-WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second'
+WITH gone AS (
+    DELETE FROM runlet_checkpoints
+    WHERE finished_at <= clock_timestamp() - %(age)s::float8 * interval '1 second'
+    RETURNING id),
+records AS (
+    DELETE FROM runlet_records WHERE checkpoint_id IN (SELECT id FROM gone))
+SELECT count(*) FROM gone
 """
 
 STATEMENTS: Final = Statements(
@@ -238,7 +239,7 @@ STATEMENTS: Final = Statements(
     seq=SEQ,
     page=PAGE,
     decisions=DECISIONS,
-    purge_records=PURGE_RECORDS,
+    purge_records=None,
     purge=PURGE,
 )
 
