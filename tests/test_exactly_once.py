@@ -2146,6 +2146,32 @@ async def test_cancelling_during_a_plain_stores_delete_takes_the_next_checkpoint
     assert [cp(first)] == list(store.rows)  # the run's next checkpoint: nobody heard of it
 
 
+async def test_cancelling_while_a_plain_store_saves_the_next_checkpoint_takes_it_back() -> None:
+    class CancelledSaving(_PlainStore):
+        """Its save of the run's next checkpoint goes through, then waits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.saving = anyio.Event()
+
+        async def save(self, checkpoint: Checkpoint) -> None:
+            await super().save(checkpoint)
+            if len(self.rows) > 1 and not self.saving.is_set():
+                self.saving.set()
+                await anyio.sleep_forever()
+
+    store = CancelledSaving()
+    second = call("refund", id="c2", order_id="2")
+    rt, agent, _, _, first = await refund_run(store=store, script=[second, "Done."])
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            partial(rt.resume, agent, checkpoint_id=cp(first), response=approve(first))
+        )
+        await store.saving.wait()
+        group.cancel_scope.cancel()
+    assert [cp(first)] == list(store.rows)  # the next one, which nobody heard of, is gone
+
+
 async def test_a_plain_store_that_cannot_save_a_cancelled_resumes_checkpoint_back_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

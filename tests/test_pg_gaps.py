@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-import psycopg
 import pytest
 from _store_gaps import hold_the_thread, hook, sql_gap_tests
 from _store_semantics import checkpoint, execute, record, resolution
@@ -51,6 +50,8 @@ async def test_a_purge_deletes_the_records_of_every_checkpoint_it_deletes() -> N
         def after(conn: Any, statement: str) -> None:
             # Another worker resolves cp_2 and commits while the purge is under way.
             if statement == store._sql.purge_records:
+                import psycopg  # as test_store_postgres does: a missing driver skips
+
                 with psycopg.connect(conninfo, autocommit=True) as elsewhere:
                     elsewhere.execute(
                         "UPDATE runlet_checkpoints SET status = 'resolved', token = NULL, "
