@@ -79,8 +79,8 @@ class Checkpoint:
     run_id: str
     agent_name: str
     messages: tuple[Message, ...]
-    options: Mapping[str, Any]
-    metadata: Mapping[str, Any]
+    options: Mapping[str, Any] = attrs.field(hash=False)
+    metadata: Mapping[str, Any] = attrs.field(hash=False)
     transcript: tuple[Message, ...]
     results: tuple[ToolResult, ...] = ()
     pending_tool_calls: tuple[ToolCall, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ import attrs
 from ._errors import HumanResponseError, RunletError
 from ._messages import ToolCall, ToolResult
 from ._tools import ToolContext, ToolSpec
-from ._util import json_form, slot_builder
+from ._util import same_json, slot_builder
 
 __all__ = [
     "EXPIRY_MESSAGE",
@@ -163,9 +164,11 @@ class HumanResponse:
     request_id: str
     action: HumanAction = attrs.field(validator=_check_action)
     value: str | None = None
-    edited_arguments: Mapping[str, Any] | None = attrs.field(default=None, validator=_check_edited)
+    edited_arguments: Mapping[str, Any] | None = attrs.field(
+        default=None, validator=_check_edited, hash=False
+    )
     responded_by: str | None = attrs.field(default=None, kw_only=True)
-    metadata: Mapping[str, Any] | None = attrs.field(default=None, kw_only=True)
+    metadata: Mapping[str, Any] | None = attrs.field(default=None, kw_only=True, hash=False)
 
     def __attrs_post_init__(self) -> None:
         request_id: object = self.request_id  # typed, but a user's: checked as anything
@@ -301,21 +304,32 @@ class Decision:
     kind: HumanRequestKind
     action: DecisionAction
     value: str | None = None
-    arguments: Mapping[str, Any] | None = None
+    arguments: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
     edited: bool = False
     responded_by: str | None = None
-    metadata: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
     decided_at: datetime
 
     def answers_like(self, response: HumanResponse) -> bool:
-        """Whether *response* is the answer this decision recorded (every field equal)."""
+        """Whether *response* is the answer this decision recorded (every field equal,
+        values as JSON: ``True`` is not ``1``)."""
         return (
             response.request_id == self.request_id
             and response.action == self.action
-            and response.value == self.value
-            and json_form(response.edited_arguments) == (self.arguments if self.edited else None)
+            and same_json(response.value, self.value)
+            and same_json(response.edited_arguments, self.arguments if self.edited else None)
             and response.responded_by == self.responded_by
-            and json_form(response.metadata) == self.metadata
+            and same_json(response.metadata, self.metadata)
+        )
+
+    def same_answer(self, other: Decision) -> bool:
+        """Whether *other* took this decision (every field equal but ``decided_at``,
+        values as JSON: ``True`` is not ``1``)."""
+        return (
+            attrs.evolve(other, decided_at=self.decided_at) == self
+            and same_json(other.value, self.value)
+            and same_json(other.arguments, self.arguments)
+            and same_json(other.metadata, self.metadata)
         )
 
     def as_response(self) -> HumanResponse | None:
@@ -385,7 +399,8 @@ def ask_human(expires_after: float | None = None) -> ToolSpec:
             "Ask the human user a question and wait for the answer. Use kind='choice' "
             "with options when the user should pick one, kind='input' for free text."
         ),
-        input_schema=_ASK_HUMAN_SCHEMA,
+        # Each tool its own copy: an adapter that adapts schemas in place changes only it.
+        input_schema=copy.deepcopy(_ASK_HUMAN_SCHEMA),
         handler=_not_called,
         requires_approval=True,  # it always stops for a person (for an answer, not a yes)
         expires_after=expires_after,

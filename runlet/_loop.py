@@ -11,7 +11,6 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -52,7 +51,7 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, edited_content, handler_failed
 from ._tracing import Tracing
-from ._util import own_copy, side_by_side, slot_builder
+from ._util import ReadOnlyDict, own_copy, side_by_side, slot_builder
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
@@ -66,6 +65,10 @@ _new_model_request = slot_builder(ModelRequest)
 _new_result = slot_builder(RunResult)
 _new_context = slot_builder(ToolContext)
 _new_tool_result = slot_builder(ToolResult)
+
+
+# The metadata of a run given none: one read-only empty dict serves every such run.
+_NO_METADATA = ReadOnlyDict()
 
 
 def new_id(prefix: str) -> str:
@@ -112,7 +115,7 @@ class RunState:
         self.transcript = transcript
         self.options = options
         self.metadata = metadata
-        self.context_metadata = MappingProxyType(metadata)
+        self.context_metadata = ReadOnlyDict(metadata) if metadata else _NO_METADATA
         self.usage = usage
         self.turns = turns
         self.emit = emit

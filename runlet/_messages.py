@@ -28,7 +28,7 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: Mapping[str, Any] = attrs.field(factory=dict)
+    arguments: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen

@@ -38,7 +38,7 @@ class ModelRequest:
     instructions: str
     messages: tuple[Message, ...]
     tools: tuple[ToolDefinition, ...]
-    options: Mapping[str, Any]
+    options: Mapping[str, Any] = attrs.field(hash=False)
 
 
 @attrs.frozen

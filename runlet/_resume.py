@@ -28,12 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-import attrs
 
 from ._agent import Agent
 from ._checkpoint import Checkpoint, _check_json, check_integrity
@@ -82,6 +80,7 @@ from ._store import (
 )
 from ._tracing import RunTrace, resume_span
 from ._util import (
+    ReadOnlyDict,
     described,
     is_cancellation,
     json_form,
@@ -241,7 +240,8 @@ async def _resume(
         raise
     if trace is not None and next_checkpoint is not None:  # saved by the resolve
         trace.interrupted(next_checkpoint)
-    await _announce(emit, next_checkpoint)
+    if emit is not None:
+        await _announce(emit, next_checkpoint)
     return result
 
 
@@ -498,7 +498,9 @@ def _decision(
         arguments=arguments,
         edited=response is not None and response.edited_arguments is not None,
         responded_by=None if response is None else response.responded_by,
-        metadata=None if response is None else json_form(response.metadata),
+        metadata=None
+        if response is None or response.metadata is None
+        else json_form(response.metadata),
         decided_at=now,
     )
 
@@ -507,7 +509,7 @@ def _check_same(
     checkpoint: Checkpoint, request: HumanRequest, recorded: Decision, given: Decision
 ) -> None:
     """The first accepted answer is final: refuse a different one."""
-    if attrs.evolve(given, decided_at=recorded.decided_at) != recorded:
+    if not recorded.same_answer(given):
         raise HumanResponseConflictError(
             f"Request {request.id!r} was already answered with {recorded.action!r} (by "
             f"{recorded.responded_by or 'an earlier resume'}); the first accepted answer is "
@@ -652,7 +654,7 @@ async def _continue(
 def _read_only(options: Mapping[str, Any]) -> Mapping[str, Any]:
     """The resumed run's options, read-only like a new run's, so an adapter cannot change
     the stored checkpoint through them."""
-    return options if type(options) is MappingProxyType else MappingProxyType(options)
+    return options if type(options) is ReadOnlyDict else ReadOnlyDict(options)
 
 
 def _approved_call(checkpoint: Checkpoint, call_id: str, decision: Decision) -> ToolCall:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Any, overload
 
 import anyio
@@ -31,7 +31,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import DURABLE_MEMBERS, DURABLE_ONLY, CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, TracerProviderLike, Tracing, cancel_span, run_span
-from ._util import cancelled_here, is_cancellation, own_copy
+from ._util import ReadOnlyDict, cancelled_here, is_cancellation, own_copy
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -419,7 +419,7 @@ class Runtime:
                 # or the caller's dicts, and a change the caller makes later does not
                 # reach a checkpoint kept in memory.
                 if options is not None:
-                    run_options = MappingProxyType(own_copy(options))
+                    run_options = ReadOnlyDict(own_copy(options))
                 if metadata is not None:
                     run_metadata = own_copy(metadata)
             except RecursionError:
@@ -471,7 +471,7 @@ def _check_run_data(
 
 
 # The options of a run given none: read-only, so one empty view serves every such run.
-_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+_NO_OPTIONS: Mapping[str, Any] = ReadOnlyDict()
 
 
 def _the_one_interrupt(raised: BaseException) -> BaseException | None:

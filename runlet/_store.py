@@ -147,7 +147,7 @@ class PendingRequest:
     run_id: str
     agent_name: str
     request: HumanRequest
-    metadata: Mapping[str, Any]
+    metadata: Mapping[str, Any] = attrs.field(hash=False)
     created_at: datetime
     # A default= (not a decorator) so every type checker sees that it has one.
     requests: tuple[HumanRequest, ...] = attrs.field(

@@ -210,7 +210,7 @@ class ToolContext:
     run_id: str
     tool_call_id: str
     agent_name: str
-    metadata: Mapping[str, Any]
+    metadata: Mapping[str, Any] = attrs.field(hash=False)
     tool_name: str = ""
     # A default= (not a decorator) so every type checker sees that it has one.
     idempotency_key: str = attrs.field(
@@ -227,7 +227,7 @@ class ToolDefinition:
 
     name: str
     description: str
-    input_schema: Mapping[str, Any]
+    input_schema: Mapping[str, Any] = attrs.field(hash=False)
 
 
 def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
@@ -313,7 +313,7 @@ class ToolSpec:
 
     name: str = attrs.field(validator=_check_name)
     description: str
-    input_schema: Mapping[str, Any]
+    input_schema: Mapping[str, Any] = attrs.field(hash=False)
     handler: Handler = attrs.field(validator=_check_handler)
     requires_approval: bool | ApprovalPolicy = False
     # Positional after requires_approval, in DESIGN's order; the options after them are
@@ -350,6 +350,12 @@ class ToolSpec:
             "_definition",
             ToolDefinition(self.name, self.description, self.input_schema),
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The compiled schema does not pickle: a copy (pickle's, copy's) is built again
+        # from what was given to __init__, and checked again.
+        given = {field.name: getattr(self, field.name) for field in _INIT_FIELDS}
+        return (_rebuild, (type(self), given))
 
     def _check_options(self) -> None:
         name = self.name
@@ -514,6 +520,14 @@ class ToolSpec:
         if inspect.isawaitable(value):
             return await value
         return value
+
+
+_INIT_FIELDS = tuple(field for field in attrs.fields(ToolSpec) if field.init)
+
+
+def _rebuild(cls: type[ToolSpec], given: dict[str, Any]) -> ToolSpec:
+    """A copy of a tool made by pickle or ``copy``: built from its ``__init__`` fields."""
+    return cls(**given)
 
 
 def _boxed(handler: Handler, arguments: dict[str, Any], context: ToolContext) -> list[Any]:

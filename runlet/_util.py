@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -22,6 +23,55 @@ T = TypeVar("T")
 #: delete, an approval prompt function that failed. Errors the caller sees are raised,
 #: not logged.
 log = logging.getLogger("runlet")
+
+
+class ReadOnlyDict(dict[str, Any]):
+    """A dict nobody can change: the options a model adapter gets in a
+    :class:`~runlet.ModelRequest` and the metadata a handler gets in its
+    :class:`~runlet.ToolContext`. Unlike a ``mappingproxy`` it is a real dict for
+    ``json.dumps``, ``pickle`` and ``copy.deepcopy`` (a copy is read-only too); changing
+    it raises ``TypeError``, as changing a mappingproxy does."""
+
+    __slots__ = ()
+
+    def _refuse(self) -> typing.NoReturn:
+        raise TypeError(
+            f"{type(self).__name__} is read-only: make a changed copy with dict(...) or "
+            "{**mapping, ...} instead."
+        )
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._refuse()
+
+    def __delitem__(self, key: str) -> None:
+        self._refuse()
+
+    def __ior__(self, other: Any) -> typing.NoReturn:  # type: ignore[misc]
+        self._refuse()
+
+    def clear(self) -> None:
+        self._refuse()
+
+    def pop(self, *args: Any) -> Any:
+        self._refuse()
+
+    def popitem(self) -> tuple[str, Any]:
+        self._refuse()
+
+    def setdefault(self, *args: Any) -> Any:
+        self._refuse()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._refuse()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReadOnlyDict, (dict(self),))
+
+    def __copy__(self) -> ReadOnlyDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict:
+        return ReadOnlyDict(copy.deepcopy(dict(self), memo))
 
 
 def described(exc: BaseException) -> str:

@@ -246,6 +246,35 @@ async def test_the_first_accepted_answer_is_final_even_before_the_resume_finishe
     assert 1 == len(payments.attempts)
 
 
+@pytest.mark.parametrize(
+    ("accepted", "retried"),
+    [
+        (
+            {"edited_arguments": {"order_id": "1", "note": 1}},
+            {"edited_arguments": {"order_id": "1", "note": True}},
+        ),
+        ({"metadata": {"ticket": 0}}, {"metadata": {"ticket": False}}),
+        ({"metadata": {"ticket": 1}}, {"metadata": {"ticket": 1.0}}),
+    ],
+    ids=["edit-1-then-True", "metadata-0-then-False", "metadata-1-then-1.0"],
+)
+async def test_a_retry_whose_values_differ_in_json_type_is_a_conflict(
+    accepted: dict[str, Any], retried: dict[str, Any]
+) -> None:
+    # Python says True == 1 and 0 == False; JSON, and so the audit trail, does not.
+    def down(request: runlet.ModelRequest) -> str:
+        raise OSError("model is down")
+
+    rt, agent, payments, _, first = await refund_run(script=[down, "Done."], allow_edit=True)
+    with pytest.raises(runlet.ModelError):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first, **accepted))
+
+    with pytest.raises(HumanResponseConflictError, match="already answered"):
+        await rt.resume(agent, checkpoint_id=cp(first), response=approve(first, **retried))
+    result = await rt.resume(agent, checkpoint_id=cp(first), response=approve(first, **accepted))
+    assert ("completed", 1) == (result.status, len(payments.attempts))
+
+
 # --- Repeated resumes and telling the cases apart ---------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import json
@@ -49,9 +50,23 @@ def call(
 ) -> ToolCall:
     """A :class:`~runlet.ToolCall` for a script: ``call("add", a=1, b=2)`` or
     ``call("add", {"a": 1, "b": 2}, id="call_7")``. Ids default to ``call_1``,
-    ``call_2``, … (unique within the process)."""
+    ``call_2``, … (unique within the process). Tuples in the arguments become lists,
+    as in the arguments a real model's JSON gives, so a result that went through JSON
+    (a durable store, :func:`~runlet.unstructure`) compares equal."""
     args = {**(arguments or {}), **kwargs}
+    with contextlib.suppress(RecursionError):  # deeper than any model's JSON: as it is
+        args = {key: _as_json_read(value) for key, value in args.items()}
     return ToolCall(id or f"call_{next(_call_ids)}", name, args)
+
+
+def _as_json_read(value: Any) -> Any:
+    """*value* with every tuple inside made a list; anything else as it is (a test may
+    give a value JSON has no form for, to see it refused)."""
+    if type(value) is tuple or type(value) is list:
+        return [_as_json_read(item) for item in value]
+    if type(value) is dict:
+        return {key: _as_json_read(item) for key, item in value.items()}
+    return value
 
 
 class ScriptExhaustedError(ModelError):
