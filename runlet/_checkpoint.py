@@ -361,6 +361,19 @@ def _all_same_arguments(a: list[Any], b: list[Any]) -> bool:
     return all(_same_arguments(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _by_id(raw_calls: list[Any]) -> dict[Any, int] | None:
+    """Where each call of *raw_calls* (the data of structured calls) is, by id (the first
+    of a repeated id); ``None`` for a few calls, which a scan finds as fast."""
+    if len(raw_calls) <= 8:
+        return None
+    found: dict[Any, int] = {}
+    for at, raw in enumerate(raw_calls):
+        key = raw["id"]
+        if type(key) is str:
+            found.setdefault(key, at)
+    return found
+
+
 def _same_calls_in(messages: list[Any], transcript: list[Any]) -> bool:
     """For raw *messages* equal to the start of the raw *transcript*: whether the tool
     calls in them have the same JSON arguments."""
@@ -775,9 +788,20 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         checkpoint holds each pending call up to three times, as the same object."""
         if type(raw) is not list:
             raise TypeError("not a list of tool calls")
-        return tuple([share_call(item, raw_known, known) for item in raw])
+        by_id = _by_id(raw_known)
+        return tuple([share_call(item, raw_known, known, by_id) for item in raw])
 
-    def share_call(item: Any, raw_known: list[Any], known: tuple[ToolCall, ...]) -> ToolCall:
+    def share_call(
+        item: Any,
+        raw_known: list[Any],
+        known: tuple[ToolCall, ...],
+        by_id: dict[Any, int] | None = None,
+    ) -> ToolCall:
+        if by_id is not None and type(item) is dict:
+            # A wide turn: found by id, so structuring is not pending calls times calls.
+            at = by_id.get(item.get("id"))
+            if at is not None and raw_known[at] == item and _same_arguments(raw_known[at], item):
+                return known[at]
         for raw, call in zip(raw_known, known, strict=True):
             if raw == item and _same_arguments(raw, item):
                 return call
@@ -785,7 +809,10 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
         return made
 
     def request_in(
-        data: Any, raw_known: list[Any] | None = None, known: tuple[ToolCall, ...] = ()
+        data: Any,
+        raw_known: list[Any] | None = None,
+        known: tuple[ToolCall, ...] = (),
+        by_id: dict[Any, int] | None = None,
     ) -> HumanRequest:
         if type(data) is not dict or not data.keys() <= _REQUEST_KEYS:
             raise TypeError("not a request")
@@ -801,7 +828,7 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
             # the usual case: the first pending call
             call = known[0]
         else:
-            call = share_call(raw_call, raw_known, known)
+            call = share_call(raw_call, raw_known, known, by_id)
         expires_at = data.get("expires_at")
         if expires_at is not None:
             expires_at = _structure_datetime(expires_at, datetime)
@@ -836,7 +863,8 @@ def _register_checkpoint_paths(converter: cattrs.Converter) -> None:
     ) -> tuple[HumanRequest, ...]:
         if type(data) is not list:
             raise TypeError("not a list of requests")
-        return tuple([request_in(item, raw_known, known) for item in data])
+        by_id = _by_id(raw_known)
+        return tuple([request_in(item, raw_known, known, by_id) for item in data])
 
     def checkpoint_in(data: Any, _: Any = None) -> Checkpoint:
         if type(data) is not dict or not data.keys() <= _CHECKPOINT_KEYS:

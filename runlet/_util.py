@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -12,6 +13,7 @@ from types import MemberDescriptorType
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ._errors import RunletError
@@ -171,9 +173,19 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     return build
 
 
+def _name_of(call: Callable[..., Any]) -> str:
+    """What a log line calls *call*: its function's name, never its arguments (they may
+    hold a tool's result)."""
+    while isinstance(call, functools.partial):
+        call = call.func
+    return getattr(call, "__qualname__", type(call).__name__)
+
+
 async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
     """Await ``call()`` to its end even if the caller is cancelled meanwhile; the
-    cancellation then goes on once it returned (or raised).
+    cancellation then goes on once it returned or raised. It goes first on both backends
+    (asyncio's own ``Task.cancel()`` comes only once, and must not be lost to an error
+    the caller may catch): what the call raised is then logged, not raised.
 
     A shielded cancel scope alone is not enough: on asyncio, ``Task.cancel()`` (what
     ``asyncio.timeout()``, ``wait_for()`` and many frameworks use) goes through anyio's
@@ -191,8 +203,20 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
             except BaseException as exc:  # noqa: BLE001 - raised below, as itself
                 failure.append(exc)
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(work)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(work)
+        if failure:
+            # asyncio delivered the caller's cancellation above; trio does so here.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+    except BaseException as exc:
+        if failure and is_cancellation(exc):
+            log.warning(
+                "%s failed while its caller was being cancelled; the cancellation goes on",
+                _name_of(call),
+                exc_info=failure[0],
+            )
+        raise
     if failure:
         raise failure[0]
     return outcome[0]

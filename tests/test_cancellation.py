@@ -246,3 +246,83 @@ async def test_a_renewal_that_raises_a_base_exception_raises_it_as_itself() -> N
     assert first.checkpoint_id is not None
     with anyio.fail_after(10), pytest.raises(_Stop):  # not inside an exception group
         await rt.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+
+
+# --- An error that comes while the caller is cancelled -----------------------------
+
+
+class ResultsNotRecorded(InMemoryCheckpointStore):
+    """A store (not the in-memory class itself, so the resume protects its writes) whose
+    disk is full when a result is recorded."""
+
+    async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
+        if any(record.result is not None for record in records):
+            await anyio.lowlevel.checkpoint()
+            raise OSError("disk full")
+        await super().record(checkpoint_id, token, records)
+
+
+async def test_a_result_not_recorded_for_a_cancelled_caller_is_logged_on_both_backends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The handler finishes inside a shield after its caller was cancelled; the store then
+    # cannot record the result. The cancellation goes on, on asyncio as on trio (asyncio's
+    # own Task.cancel() comes once and must not be lost to an error the caller catches);
+    # the failure is logged for the operator, and the call stays recorded as started.
+    scopes: list[anyio.CancelScope] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        scopes[0].cancel()
+        with anyio.CancelScope(shield=True):
+            await anyio.lowlevel.checkpoint()
+        return "Refunded."
+
+    tool = ToolSpec("refund", "Refund.", {"type": "object"}, refund, requires_approval=True)
+    agent = approval_agent(tool, script=[call("refund", id="c1"), "Done."])
+    store = ResultsNotRecorded()
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "Refund.")
+    assert first.checkpoint_id is not None
+
+    with caplog.at_level("WARNING", logger="runlet"), anyio.CancelScope() as scope:
+        scopes.append(scope)
+        await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+
+    assert scope.cancelled_caught
+    [line] = [r for r in caplog.records if "while its caller was being cancelled" in r.message]
+    assert line.exc_info is not None
+    assert "disk full" == str(line.exc_info[1])
+    assert "Refunded." not in line.getMessage()  # a log line never holds a tool's result
+    stored = await store.get(first.checkpoint_id)
+    assert ("pending", 1) == (stored.status, len(stored.records))  # resumable, call started
+    assert stored.records[0].result is None
+
+
+async def test_to_the_end_lets_the_cancellation_go_on_whatever_the_call_did() -> None:
+    from runlet._util import to_the_end
+
+    ran: list[str] = []
+
+    async def fails() -> None:
+        await anyio.lowlevel.checkpoint()
+        ran.append("failed")
+        raise OSError("disk full")
+
+    async def finishes() -> None:
+        await anyio.lowlevel.checkpoint()
+        ran.append("done")
+
+    for call_ in (fails, finishes):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await to_the_end(call_)  # runs to its end all the same
+            await anyio.lowlevel.checkpoint()  # the cancellation goes on (asyncio: before)
+            ran.append("not cancelled")
+        assert scope.cancelled_caught
+    assert ["failed", "done"] == ran
+
+    async def fails_uncancelled() -> None:
+        await to_the_end(fails)
+
+    with pytest.raises(OSError, match="disk full"):  # not cancelled: raised as itself
+        await fails_uncancelled()

@@ -441,18 +441,27 @@ async def sse_lines(texts: AsyncGenerator[str, None]) -> AsyncGenerator[str, Non
     """The lines of an event stream's decoded text, each without its line break: a line
     ends at CRLF, LF or CR only, as the server-sent events format says, wherever the
     chunks of *texts* split it. Iterating to the end iterates *texts* to its end."""
-    rest = ""
+    begun: list[str] = []  # the start of a line that has not ended yet, chunk by chunk
     after_cr = False  # the last chunk ended in CR: a LF starting the next one ends no line
     async for text in texts:
         if after_cr and text.startswith("\n"):
             text = text[1:]
         after_cr = text.endswith("\r")
-        lines = _SSE_LINE_BREAK.split(rest + text)
+        # Only the new text is searched for line breaks, so a long line costs its length
+        # once, not once per chunk it came in.
+        lines = _SSE_LINE_BREAK.split(text)
         rest = lines.pop()
-        for line in lines:
-            yield line
-    if rest:
-        yield rest
+        if lines:
+            if begun:
+                begun.append(lines[0])
+                lines[0] = "".join(begun)
+                begun = []
+            for line in lines:
+                yield line
+        if rest:
+            begun.append(rest)
+    if begun:
+        yield "".join(begun)
 
 
 async def _read_tail(lines: AsyncGenerator[str, None]) -> None:

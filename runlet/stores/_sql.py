@@ -562,7 +562,10 @@ class SQLStore:
                 # integers stop at 2**63.
                 page = min(limit, _ALL)
                 params = {"agent_name": agent_name, "limit": page, **self._filter(*prefilter)}
-                return _pages(conn, self._sql.page, params, start, wanted, page)
+                # When the metadata column holds every entry asked for, the rows are
+                # checked on it, and only the checkpoints that match are read.
+                by_column = len(prefilter[1]) == len(wanted)
+                return _pages(conn, self._sql.page, params, start, wanted, page, by_column)
 
         return await self._run(work)
 
@@ -660,11 +663,14 @@ def _pages(
     start: int,
     wanted: Mapping[str, Any],
     limit: int,
+    by_column: bool,
 ) -> list[PendingRequest]:
     found: list[PendingRequest] = []
     while True:
         rows = conn.execute(statement, {**params, "after": start}).fetchall()
-        for _, checkpoint_id, data in rows:
+        for _, checkpoint_id, metadata, data in rows:
+            if wanted and by_column and not metadata_matches(_json(metadata, "metadata"), wanted):
+                continue
             try:
                 checkpoint = _checkpoint(data)
             except CheckpointSerializationError as exc:
@@ -675,7 +681,7 @@ def _pages(
                     f"runtime.cancel({checkpoint_id!r}) (or store.delete(...) to forget it).",
                     path=exc.path,
                 ) from exc
-            if metadata_matches(checkpoint.metadata, wanted):
+            if by_column or metadata_matches(checkpoint.metadata, wanted):
                 found.append(PendingRequest.of(checkpoint))
                 if len(found) == limit:
                     return found

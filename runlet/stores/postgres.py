@@ -177,15 +177,16 @@ DELETE: Final = "DELETE FROM runlet_checkpoints WHERE id = %(id)s"
 
 SEQ: Final = "SELECT seq FROM runlet_checkpoints WHERE id = %(id)s"
 
-# The metadata pre-filter: every key of %(keys)s is present and the string values of
-# %(strings)s are equal (jsonb compares other scalars differently from Python).
+# The metadata pre-filter: every key of %(keys)s is present and the values of %(exact)s
+# (strings, ints and booleans, which jsonb compares as Python's check does: 1 is 1.0 and
+# true is not 1) are equal.
 PAGE: Final = """
-SELECT seq, id, data FROM runlet_checkpoints
+SELECT seq, id, metadata::text, data FROM runlet_checkpoints
 WHERE status IN ('pending', 'claimed')
   AND seq > %(after)s
   AND (%(agent_name)s::text IS NULL OR agent_name = %(agent_name)s::text)
   AND metadata ?& %(keys)s::text[]
-  AND metadata @> %(strings)s::jsonb
+  AND metadata @> %(exact)s::jsonb
 ORDER BY seq
 LIMIT %(limit)s
 """
@@ -430,5 +431,9 @@ class PostgresCheckpointStore(SQLStore):
                     pool.check()
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-        strings = {key: value for key, value in scalars.items() if isinstance(value, str)}
-        return {"strings": dumps(strings), "keys": list(keys)}
+        exact = {
+            key: value
+            for key, value in scalars.items()
+            if isinstance(value, (str, int)) and not isinstance(value, float)
+        }
+        return {"exact": dumps(exact), "keys": list(keys)}

@@ -175,7 +175,7 @@ SEQ: Final = "SELECT seq FROM runlet_checkpoints WHERE id = :id"
 # The metadata pre-filter: every key of :keys is present, and every scalar of :scalars
 # has an equal atom (SQLite compares 1, 1.0 and true as Python does).
 PAGE: Final = """
-SELECT c.seq, c.id, c.data FROM runlet_checkpoints AS c
+SELECT c.seq, c.id, c.metadata, c.data FROM runlet_checkpoints AS c
 WHERE c.status IN ('pending', 'claimed')
   AND c.seq > :after
   AND (:agent_name IS NULL OR c.agent_name = :agent_name)
