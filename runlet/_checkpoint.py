@@ -18,7 +18,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from ._errors import CheckpointSerializationError, RunletError
 from ._human import Decision, HumanOption, HumanRequest, _new_request
 from ._messages import ZERO_USAGE, Message, ReasoningPart, ToolCall, ToolResult, Usage
-from ._tools import ToolDefinition, show_arguments
+from ._tools import MAX_NESTING, ToolDefinition, show_arguments
 from ._util import same_json, slot_builder
 
 if TYPE_CHECKING:
@@ -1016,11 +1016,23 @@ def unstructure_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
     try:
         data: dict[str, Any] = _checkpoint_out(checkpoint)  # copies only JSON values
     except (_NotJSON, RecursionError) as exc:
-        _check_checkpoint(checkpoint)  # says what is not JSON, and where
+        try:
+            _check_checkpoint(checkpoint)  # says what is not JSON, and where
+        except RecursionError:
+            raise _too_deep("written") from None
         raise CheckpointSerializationError(  # pragma: no cover - the check above raises
             f"This checkpoint holds data that JSON cannot hold ({exc})."
         ) from exc
     return data
+
+
+def _too_deep(done: str) -> CheckpointSerializationError:
+    return CheckpointSerializationError(
+        f"This checkpoint cannot be {done}: it holds a value nested hundreds of levels deep "
+        "(lists or objects inside each other), beyond what Python can follow. Runlet "
+        f"itself refuses arguments nested deeper than {MAX_NESTING} levels; flatten the "
+        "value."
+    )
 
 
 def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
@@ -1054,11 +1066,14 @@ def structure_checkpoint(data: Mapping[str, Any]) -> Checkpoint:
                 path="version",
             )
     try:
-        checkpoint: Checkpoint = _checkpoint_in(data, Checkpoint)
-    except Exception:  # noqa: BLE001 - the detailed converter explains, or reads it after all
-        checkpoint = _structure(data, Checkpoint, "checkpoint")
-    check_integrity(checkpoint)
-    _check_loaded(checkpoint)
+        try:
+            checkpoint: Checkpoint = _checkpoint_in(data, Checkpoint)
+        except Exception:  # noqa: BLE001 - the detailed converter explains, or reads it after all
+            checkpoint = _structure(data, Checkpoint, "checkpoint")
+        check_integrity(checkpoint)
+        _check_loaded(checkpoint)
+    except RecursionError:
+        raise _too_deep("read") from None
     return checkpoint
 
 

@@ -457,8 +457,23 @@ class ToolSpec:
             ]
         except ValueError as exc:  # a value that is not JSON at all, or nesting that
             # an older jsonschema-rs gives up on (it says "Recursion limit reached")
-            return _beyond_json(arguments) or f"arguments are not JSON: {exc}"
+            return _beyond_json(arguments) or self._check_plain(arguments, exc)
         return "; ".join(problems)
+
+    def _check_plain(self, arguments: dict[str, Any], refused: ValueError) -> str | None:
+        """Check the plain JSON form of *arguments*, which hold subclasses of int, float
+        or str (numpy's float64, say): JSON has them, the validator takes only the exact
+        types. *refused* is what the validator said of them."""
+        try:
+            plain = json.loads(_ENCODER.encode(arguments))
+            if self._validator.is_valid(plain):
+                return None
+            return "; ".join(
+                f"{_where(error.instance_path)}{error.message}"
+                for error in self._validator.iter_errors(plain)
+            )
+        except (TypeError, ValueError, RecursionError):
+            return f"arguments are not JSON: {refused}"
 
     async def _invoke(self, arguments: Mapping[str, Any], context: ToolContext) -> tuple[str, bool]:
         """Run the handler and turn what it returns (or raises) into result text.

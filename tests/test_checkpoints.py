@@ -1107,3 +1107,20 @@ async def test_a_question_for_a_tool_that_needs_an_approval_is_refused_at_resume
         )
     assert "more_requests[0].kind" == info.value.path
     assert ([], "pending") == (tools.refunds, (await store.get(checkpoint.id)).status)
+
+
+async def test_a_checkpoint_nested_beyond_python_is_a_serialization_error_both_ways() -> None:
+    # run() refuses such metadata; a checkpoint built or altered by hand may still hold
+    # it, and unstructure/structure must say so with their documented error.
+    _, checkpoint = await interrupted_run(InMemoryCheckpointStore())
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(5_000):
+        inner.append([])
+        inner = inner[0]
+
+    with pytest.raises(CheckpointSerializationError, match=r"cannot be written: .* nested"):
+        unstructure_checkpoint(attrs.evolve(checkpoint, metadata={"deep": deep}))
+    data = {**unstructure_checkpoint(checkpoint), "metadata": {"deep": deep}}
+    with pytest.raises(CheckpointSerializationError, match=r"cannot be read: .* nested"):
+        structure_checkpoint(data)
