@@ -70,7 +70,29 @@ def _visible(text: str) -> str:
     a JSON escape."""
     if text.isprintable() and (text.isascii() or _BLANK.search(text) is None):
         return text
-    return "".join([_escaped(c) if not c.isprintable() or _BLANK.match(c) else c for c in text])
+    # str.translate walks the text in C; each character is judged once per process.
+    return text.translate(_ESCAPES)
+
+
+class _Escapes(dict[int, str]):
+    """What :func:`_visible` writes for each character, filled in as characters come
+    (at most 65,536 of them kept; any others are judged each time)."""
+
+    __slots__ = ()
+
+    def __missing__(self, code: int) -> str:
+        character = chr(code)
+        shown = (
+            _escaped(character)
+            if not character.isprintable() or _BLANK.match(character)
+            else character
+        )
+        if len(self) < 65_536:
+            self[code] = shown
+        return shown
+
+
+_ESCAPES = _Escapes()
 
 
 def _escaped(character: str) -> str:

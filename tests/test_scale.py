@@ -179,3 +179,30 @@ async def test_structuring_a_wide_turn_finds_each_pending_call_by_id(
     requests = checkpoint.open_requests
     assert all(r.tool_call is m for r, m in zip(requests, in_message, strict=True))
     assert scanned[0] <= 10 * 300, scanned[0]  # was about 300 * 300
+
+
+def test_escaping_a_long_prompt_judges_each_distinct_character_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A model's arguments with invisible characters in them (a zero-width space every few
+    # letters) were escaped character by character in Python on the event loop: about
+    # 0.6 s per million characters. Each distinct character is judged once now.
+    from runlet import _tools
+
+    judged: list[str] = []
+    real = _tools._escaped
+
+    def counting(character: str) -> str:
+        judged.append(character)
+        return str(real(character))
+
+    monkeypatch.setattr(_tools, "_escaped", counting)
+    monkeypatch.setattr(_tools, "_ESCAPES", _tools._Escapes())
+    text = "pay\u200b to\u202e IBAN 42 " * 20_000
+
+    shown = _tools.show_arguments({"note": text})
+
+    assert sorted(judged) == ["\u200b", "\u202e"]
+    assert shown.count("\\u200b") == 20_000
+    assert shown.count("\\u202e") == 20_000
+    assert "\u200b" not in shown
