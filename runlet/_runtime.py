@@ -31,7 +31,7 @@ from ._result import RunResult
 from ._resume import resume
 from ._store import DURABLE_MEMBERS, DURABLE_ONLY, CheckpointStore, DurableCheckpointStore
 from ._tracing import RunTrace, TracerProviderLike, Tracing, cancel_span, run_span
-from ._util import ReadOnlyDict, cancelled_here, is_cancellation, own_copy
+from ._util import ReadOnlyDict, cancelled_here, is_cancellation, own_copy, the_one_interrupt
 
 __all__ = ["STREAM_BUFFER_SIZE", "RunStream", "Runtime"]
 
@@ -474,28 +474,6 @@ def _check_run_data(
 _NO_OPTIONS: Mapping[str, Any] = ReadOnlyDict()
 
 
-def _the_one_interrupt(raised: BaseException) -> BaseException | None:
-    """The exception in *raised*, an exception group, when it holds one that is not an
-    Exception (beside cancellations, which it caused); else ``None``."""
-    found: list[BaseException] = []
-    cancelled = anyio.get_cancelled_exc_class()
-
-    def walk(exc: BaseException) -> None:
-        inner = getattr(exc, "exceptions", None)
-        if isinstance(inner, tuple) and hasattr(exc, "split"):  # an exception group
-            for each in inner:
-                walk(each)
-        elif not isinstance(exc, cancelled):
-            found.append(exc)
-
-    if not hasattr(raised, "split"):
-        return None
-    walk(raised)
-    if len(found) == 1 and not isinstance(found[0], Exception):
-        return found[0]
-    return None
-
-
 def _aware(clock: Clock) -> Clock:
     """*clock*, checked once now and at every reading: a time without a time zone would
     be written into checkpoints that could then never be read back. An aware time in
@@ -662,7 +640,7 @@ class RunStream:
         except BaseException as raised:
             # Should a KeyboardInterrupt or SystemExit (or the like) still leave the
             # run's task, it comes out as itself, as from run(), not in an exception group.
-            alone = _the_one_interrupt(raised)
+            alone = the_one_interrupt(raised)
             if alone is None:
                 raise
             raise alone from None

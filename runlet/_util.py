@@ -216,6 +216,11 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
                 _name_of(call),
                 exc_info=failure[0],
             )
+        # On trio, Ctrl-C lands in the waiting task and comes out of the task group in
+        # a group: raise it as itself, so that `except KeyboardInterrupt` catches it.
+        interrupt = the_one_interrupt(exc)
+        if interrupt is not None:
+            raise interrupt from None
         raise
     if failure:
         raise failure[0]
@@ -374,6 +379,28 @@ def cancelled_here() -> bool:
     """Whether a cancel scope around the current task has been cancelled (its deadline
     reached or ``cancel()`` called), so a cancellation exception here is a real one."""
     return anyio.current_effective_deadline() == -math.inf
+
+
+def the_one_interrupt(raised: BaseException) -> BaseException | None:
+    """The exception in *raised*, an exception group, when it holds one that is not an
+    Exception (beside cancellations, which it caused); else ``None``."""
+    found: list[BaseException] = []
+    cancelled = anyio.get_cancelled_exc_class()
+
+    def walk(exc: BaseException) -> None:
+        inner = getattr(exc, "exceptions", None)
+        if isinstance(inner, tuple) and hasattr(exc, "split"):  # an exception group
+            for each in inner:
+                walk(each)
+        elif not isinstance(exc, cancelled):
+            found.append(exc)
+
+    if not hasattr(raised, "split"):
+        return None
+    walk(raised)
+    if len(found) == 1 and not isinstance(found[0], Exception):
+        return found[0]
+    return None
 
 
 async def side_by_side(works: Iterable[Callable[[], Awaitable[object]]]) -> None:

@@ -727,7 +727,7 @@ async def test_an_interrupt_in_an_exception_group_from_the_stream_s_task_is_rais
     # The stream's own task keeps a tool's KeyboardInterrupt from its task group; should
     # one still leave it (raised between two steps of that task), the block raises it as
     # itself, as run() does, when it is the only one beside the cancellations it caused.
-    from runlet._runtime import _the_one_interrupt
+    from runlet._util import the_one_interrupt as _the_one_interrupt
 
     cancelled = [await _a_cancellation()]
     stop, leave = KeyboardInterrupt(), SystemExit(3)

@@ -1124,12 +1124,12 @@ class TestClientOwnership:
         server.reply(Reply(json=openai_completion("1")), Reply(json=openai_completion("2")))
         model = make(server)
         await model.complete(ask())
-        first = model._own_client
-        assert first is not None
+        [first] = model._own_clients.values()
         await model.aclose()
         assert first.is_closed
         await model.complete(ask())
-        assert model._own_client is not first
+        [second] = model._own_clients.values()
+        assert second is not first
         await model.aclose()
         await model.aclose()  # closing twice is harmless
 

@@ -184,8 +184,8 @@ async def test_calls_on_a_private_database_take_turns_on_its_one_connection(path
             group.start_soon(get)
             try:
                 await anyio.wait_all_tasks_blocked()
-                assert store._limiter is not None
-                waiting = store._limiter.statistics().tasks_waiting
+                limiter = store._limiters[anyio.lowlevel.current_token()]
+                waiting = limiter.statistics().tasks_waiting
             finally:
                 go.set()
         assert (1, ["pending"] * 2) == (waiting, statuses)

@@ -9,7 +9,9 @@ lives here, once.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import importlib
 import json
 import math
 import random
@@ -94,9 +96,17 @@ _TLS: list[Any] = []
 _TLS_LOCK = threading.Lock()
 
 
+# Event loops an adapter keeps a client for at once; the oldest goes first.
+_LOOPS_KEPT = 16
+
+
 def _tls_context() -> Any:
     with _TLS_LOCK:  # two first requests at once read it once
         if not _TLS:
+            # httpx imports its transport (httpcore) when the first client is made:
+            # about 100 ms, done here rather than in the event loop.
+            with contextlib.suppress(ImportError):
+                importlib.import_module("httpcore")
             create = getattr(httpx, "create_ssl_context", None)
             _TLS.append(True if create is None else create())
         return _TLS[0]
@@ -622,8 +632,10 @@ class HTTPModel:
         self._shown_url = shown_url(url)  # for messages and the repr: never a password
         self._headers = merge_headers({"content-type": "application/json"}, headers)
         self._given_client = http_client
-        self._own_client: httpx.AsyncClient | None = None
-        self._own_client_loop: object = None
+        # One client per event loop (by its anyio token): a client's connections belong
+        # to the loop that opened them. Two long-lived loops (a sync framework's worker
+        # threads with a portal each) then keep a client each.
+        self._own_clients: dict[object, httpx.AsyncClient] = {}
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._retry = retry
         self._extra_body = dict(extra_body or {})
@@ -648,27 +660,29 @@ class HTTPModel:
         if self._given_client is not None:
             return self._given_client
         loop = anyio.lowlevel.current_token()
-        client = self._own_client
-        if client is None or self._own_client_loop != loop:
+        client = self._own_clients.get(loop)
+        if client is None:
             # Created on first use, inside the event loop that will use it, so a model
             # built at import time holds no sockets; after aclose() the next request
-            # starts a fresh client. A client made in another event loop (an earlier
-            # asyncio.run(), a trio run) is left behind: its pooled connections belong
-            # to that loop and cannot be used from this one.
+            # starts a fresh client.
             tls = _TLS[0] if _TLS else await anyio.to_thread.run_sync(_tls_context)
-            client = self._own_client
-            if client is not None and self._own_client_loop == loop:
+            client = self._own_clients.get(loop)
+            if client is not None:
                 return client  # another request made it meanwhile
-            client = self._own_client = httpx.AsyncClient(timeout=self._timeout, verify=tls)
-            self._own_client_loop = loop
+            clients = self._own_clients
+            if len(clients) >= _LOOPS_KEPT:
+                # Loops that came and went (an asyncio.run() per command): the oldest
+                # client is left behind. Its connections belong to its own loop, which
+                # alone could close them; they close when it is collected.
+                del clients[next(iter(clients))]
+            client = clients[loop] = httpx.AsyncClient(timeout=self._timeout, verify=tls)
         return client
 
     async def aclose(self) -> None:
         """Close the HTTP client the adapter created, if any. A client passed in as
         ``http_client`` belongs to the caller and is never closed here."""
-        client, self._own_client = self._own_client, None
-        loop, self._own_client_loop = self._own_client_loop, None
-        if client is not None and loop == anyio.lowlevel.current_token():
+        client = self._own_clients.pop(anyio.lowlevel.current_token(), None)
+        if client is not None:
             await client.aclose()
 
     async def __aenter__(self: _M) -> _M:

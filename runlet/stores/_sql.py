@@ -59,7 +59,7 @@ from .._store import (
     resolved_error,
     retired_error,
 )
-from .._util import is_seconds, or_warn, to_the_end
+from .._util import is_cancellation, is_seconds, or_warn, to_the_end
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
@@ -88,6 +88,11 @@ S = TypeVar("S", bound="SQLStore")
 # A claim that a concurrent writer changed between the conditional UPDATE and the SELECT
 # that explains its failure (PostgreSQL, READ COMMITTED) is tried again this many times.
 _CLAIM_ATTEMPTS = 5
+
+
+# Event loops whose limiters a store keeps; the oldest goes first. A loop dropped while
+# it still has calls under way only lets a few more run at once.
+_LOOPS_KEPT: Final = 64
 
 
 @attrs.frozen(kw_only=True)
@@ -151,7 +156,12 @@ class SQLStore:
             )
         self._lease = lease
         self._connections = connections
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._entered = False
+        # How many calls each event loop runs at once: one limiter per loop (by its anyio
+        # token), as a limiter belongs to the loop (and backend) that made it. A store
+        # shared by threads that each run a loop (a sync web framework's workers) then
+        # never wakes one loop's waiter from another's thread.
+        self._limiters: dict[object, anyio.CapacityLimiter] = {}
 
     # -- what a store module supplies ----------------------------------------------------
 
@@ -200,16 +210,19 @@ class SQLStore:
         return self._lease
 
     async def __aenter__(self: S) -> S:
-        if self._limiter is not None:
+        if self._entered:
             raise ConfigurationError(f"This {self._name} is already open; enter it once.")
         try:
             await to_the_end(partial(anyio.to_thread.run_sync, self._open))
             await anyio.lowlevel.checkpoint_if_cancelled()
-        except anyio.get_cancelled_exc_class():
-            # The thread finished opening before the cancellation took effect.
+        except BaseException as exc:
+            if isinstance(exc, Exception) and not is_cancellation(exc):
+                raise  # opening failed, and closed what it opened
+            # Cancelled, or Ctrl-C: the thread may have finished opening before it took
+            # effect.
             await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
             raise
-        self._limiter = anyio.CapacityLimiter(self._connections)
+        self._entered = True
         return self
 
     async def __aexit__(
@@ -218,7 +231,8 @@ class SQLStore:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._limiter = None
+        self._entered = False
+        self._limiters = {}
         await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
 
     def _open(self) -> None:
@@ -260,13 +274,22 @@ class SQLStore:
         return False
 
     async def _run(self, work: Callable[[], T]) -> T:
-        limiter = self._limiter
-        if limiter is None:
+        if not self._entered:
             raise ConfigurationError(
                 f"This {self._name} is not open. Use it as an async context manager: "
                 f"`async with {self._name}(...) as store:` and use the store inside the block."
             )
+        token = anyio.lowlevel.current_token()
+        limiter = self._limiters.get(token)
+        if limiter is None:
+            limiter = self._limiter_for(token)
         return await anyio.to_thread.run_sync(work, limiter=limiter)
+
+    def _limiter_for(self, token: object) -> anyio.CapacityLimiter:
+        limiters = self._limiters
+        if len(limiters) >= _LOOPS_KEPT:  # loops that came and went (one per request)
+            del limiters[next(iter(limiters))]
+        return limiters.setdefault(token, anyio.CapacityLimiter(self._connections))
 
     # -- the three-method protocol -------------------------------------------------------
 
@@ -382,10 +405,12 @@ class SQLStore:
             # the caller will never see.
             await anyio.lowlevel.checkpoint_if_cancelled()
             return claim
-        except anyio.get_cancelled_exc_class():
-            # The thread may have claimed before the cancellation took effect: nobody
-            # holds that token, so give the checkpoint back instead of waiting a lease
-            # (to its end, even under asyncio's own Task.cancel()).
+        except BaseException as exc:
+            if isinstance(exc, Exception) and not is_cancellation(exc):
+                raise  # the claim failed: nothing to give back
+            # Cancelled, or Ctrl-C: the thread may have claimed before it took effect,
+            # and nobody holds that token, so give the checkpoint back instead of
+            # waiting a lease (to its end, even under asyncio's own Task.cancel()).
             await to_the_end(
                 partial(
                     or_warn,

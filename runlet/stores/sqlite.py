@@ -351,7 +351,11 @@ class SQLiteCheckpointStore(SQLStore):
         self._busy_timeout = float(busy_timeout)
         self._idle: list[sqlite3.Connection] = []
         self._idle_lock = threading.Lock()
+        self._closed = False  # set when the store closes: connections given back close
         self._write_lock = threading.Lock()
+        # At most *connections* connections in use, whatever the event loops (each has
+        # its own limiter) and threads that call: a private database has only one.
+        self._slots = threading.Semaphore(self._connections)
 
     def __repr__(self) -> str:
         return f"SQLiteCheckpointStore({self._path!r}, lease={self._lease!r})"
@@ -374,7 +378,9 @@ class SQLiteCheckpointStore(SQLStore):
                 "directory exists and is writable, and that the file (if any) is a SQLite "
                 "database."
             ) from exc
-        self._give(conn)
+        with self._idle_lock:
+            self._closed = False
+            self._idle.append(conn)
 
     def _new(self) -> sqlite3.Connection:
         # isolation_level=None: the store issues BEGIN / COMMIT itself. The connection
@@ -415,6 +421,7 @@ class SQLiteCheckpointStore(SQLStore):
     def _disconnect(self) -> None:
         with self._idle_lock:
             idle, self._idle = self._idle, []
+            self._closed = True  # a call still under way closes its connection itself
         for conn in idle:
             conn.close()
 
@@ -429,7 +436,10 @@ class SQLiteCheckpointStore(SQLStore):
             conn.close()
             return
         with self._idle_lock:
-            self._idle.append(conn)
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     @contextmanager
     def _connection(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
@@ -445,6 +455,11 @@ class SQLiteCheckpointStore(SQLStore):
 
     @contextmanager
     def _transaction(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
+        with self._slots, self._connected(write=write, atomic=atomic) as conn:
+            yield conn
+
+    @contextmanager
+    def _connected(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
         conn = self._take()
         try:
             if write:
