@@ -519,8 +519,9 @@ def api_root(base_url: str | None, default: str, path: str) -> str:
     """*base_url* (or *default*) without its trailing slash, for *path* to be appended.
 
     Raises:
-        ConfigurationError: It is not text, or it has a query string or a fragment, which
-            the appended path would end up inside.
+        ConfigurationError: It is not text, not an http(s) URL httpx can use (a bad port
+            or host), or it has a query string or a fragment, which the appended path
+            would end up inside.
     """
     root: object = base_url or default  # a user's: checked as anything
     if not isinstance(root, str):
@@ -532,6 +533,18 @@ def api_root(base_url: str | None, default: str, path: str) -> str:
             "any query parameters with http_client=httpx.AsyncClient(params={...}). (For "
             "Azure OpenAI, the base URL https://<resource>.openai.azure.com/openai/v1 "
             "needs no api-version.)"
+        )
+    try:
+        scheme = httpx.URL(root).scheme
+    except (httpx.InvalidURL, ValueError) as exc:  # a bad port or host, say
+        raise ConfigurationError(
+            f"base_url {shown_url(root)!r} is not a URL httpx can use: {exc}. Give the API's "
+            "base URL, such as https://api.example.com/v1."
+        ) from None
+    if scheme not in ("http", "https"):
+        raise ConfigurationError(
+            f"base_url {shown_url(root)!r} must start with https:// (or http:// for a server "
+            "on your own network)."
         )
     return root.rstrip("/")
 
