@@ -111,6 +111,7 @@ _REQUEST_OPTIONS = {
     "top_p": "gen_ai.request.top_p",
     "max_tokens": "gen_ai.request.max_tokens",
     "max_output_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",  # OpenAI's newer name
     "seed": "gen_ai.request.seed",
 }
 _KNOWN_PROVIDERS = {

@@ -324,11 +324,12 @@ def test_a_global_provider_set_anew_is_the_one_the_next_run_uses(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("option", ["max_output_tokens", "max_completion_tokens"])
 async def test_max_output_tokens_is_recorded_as_the_request_s_max_tokens(
-    anyio_backend: str, provider: TracerProvider, exporter: InMemorySpanExporter
+    anyio_backend: str, provider: TracerProvider, exporter: InMemorySpanExporter, option: str
 ) -> None:
     agent = Agent("plain", "Answer.", ScriptedModel(["Hi."]))
-    await Runtime(tracer_provider=provider).run(agent, "Hello", options={"max_output_tokens": 64})
+    await Runtime(tracer_provider=provider).run(agent, "Hello", options={option: 64})
     [chat] = spans_named(exporter, "chat")
     assert 64 == (chat.attributes or {})["gen_ai.request.max_tokens"]
 
