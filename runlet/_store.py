@@ -448,6 +448,11 @@ def json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# How many forgotten checkpoints an in-memory store still knows the place of, for
+# list_pending(after=...): about 100 bytes each.
+_CURSORS_KEPT = 10_000
+
+
 class _Entry:
     __slots__ = ("checkpoint", "lease_until", "records", "resolution", "seq", "status", "token")
 
@@ -497,6 +502,9 @@ class InMemoryCheckpointStore:
         self._entries: dict[str, _Entry] = {}
         self._finished: deque[str] = deque()
         self._seq = 0
+        # Where the checkpoints keep_finished forgot stood, so a list_pending() page that
+        # ended at one goes on after it (the latest _CURSORS_KEPT of them).
+        self._forgotten: dict[str, int] = {}
 
     @property
     def lease(self) -> float | None:
@@ -636,7 +644,7 @@ class InMemoryCheckpointStore:
         check_limit(limit)
         check_agent_filter(agent_name)
         check_metadata_filter(metadata)
-        start = -1 if after is None else self._entry(after).seq
+        start = -1 if after is None else self._cursor(after)
         found: list[PendingRequest] = []
         for entry in self._entries.values():  # in insertion order, which is seq order
             if entry.seq <= start or entry.status not in ("pending", "claimed"):
@@ -672,6 +680,10 @@ class InMemoryCheckpointStore:
             old = self._entries.get(finished.popleft())
             if old is not None and old.status in ("resolved", "cancelled"):
                 del self._entries[old.checkpoint.id]
+                forgotten = self._forgotten
+                if len(forgotten) >= _CURSORS_KEPT:
+                    del forgotten[next(iter(forgotten))]
+                forgotten[old.checkpoint.id] = old.seq
 
     def _put(self, checkpoint: Checkpoint) -> None:
         entry = self._entries.get(checkpoint.id)
@@ -680,6 +692,19 @@ class InMemoryCheckpointStore:
             self._entries[checkpoint.id] = _Entry(checkpoint, self._seq)
         else:
             entry.checkpoint = checkpoint
+
+    def _cursor(self, after: str) -> int:
+        """Where the page that ended at checkpoint *after* stopped."""
+        try:
+            entry = self._entries.get(after)
+        except TypeError:  # an id no dict key can be
+            entry = None
+        if entry is not None:
+            return entry.seq
+        seq = self._forgotten.get(after) if type(after) is str else None
+        if seq is None:
+            raise not_found(after)
+        return seq
 
     def _entry(self, checkpoint_id: str) -> _Entry:
         try:
