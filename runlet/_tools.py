@@ -473,14 +473,17 @@ class ToolSpec:
                 if _PLAIN.issuperset(map(type, arguments.values())):
                     return None  # most arguments: flat, and no float to check
                 return _beyond_json(arguments)
-            problems = [
-                f"{_where(error.instance_path)}{error.message}"
-                for error in self._validator.iter_errors(arguments)
-            ]
+            return self._problems(arguments)
         except ValueError as exc:  # a value that is not JSON at all, or nesting that
             # an older jsonschema-rs gives up on (it says "Recursion limit reached")
             return _beyond_json(arguments) or self._check_plain(arguments, exc)
-        return "; ".join(problems)
+
+    def _problems(self, arguments: Any) -> str:
+        """What the schema says is wrong with *arguments*, which it refused."""
+        return "; ".join(
+            f"{_where(error.instance_path)}{error.message}"
+            for error in self._validator.iter_errors(arguments)
+        )
 
     def _check_plain(self, arguments: dict[str, Any], refused: ValueError) -> str | None:
         """Check the plain JSON form of *arguments*, which hold subclasses of int, float
@@ -488,12 +491,7 @@ class ToolSpec:
         types. *refused* is what the validator said of them."""
         try:
             plain = json.loads(_ENCODER.encode(arguments))
-            if self._validator.is_valid(plain):
-                return None
-            return "; ".join(
-                f"{_where(error.instance_path)}{error.message}"
-                for error in self._validator.iter_errors(plain)
-            )
+            return None if self._validator.is_valid(plain) else self._problems(plain)
         except (TypeError, ValueError, RecursionError):
             return f"arguments are not JSON: {refused}"
 

@@ -7,6 +7,7 @@ import functools
 import inspect
 import logging
 import math
+import threading
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MemberDescriptorType
@@ -74,6 +75,40 @@ class ReadOnlyDict(dict[str, Any]):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict:
         return ReadOnlyDict(copy.deepcopy(dict(self), memo))
+
+
+class PerLoop(dict[object, T]):
+    """One value per event loop, keyed by its anyio token, for what belongs to the loop
+    (and backend) that made it: a capacity limiter, an HTTP client's connections. Threads
+    that each run a loop may share it. The values of the *kept* latest loops are kept;
+    older ones (loops that came and went, one ``anyio.run()`` per command) are dropped."""
+
+    __slots__ = ("_kept", "_lock")
+
+    def __init__(self, kept: int) -> None:
+        super().__init__()
+        self._kept = kept
+        self._lock = threading.Lock()
+
+    def this_loop(self) -> T | None:
+        """The value of the calling task's loop, if it has one."""
+        return self.get(anyio.lowlevel.current_token())
+
+    def this_loop_or(self, make: Callable[[], T]) -> T:
+        """The value of the calling task's loop, made with *make* if it has none."""
+        token = anyio.lowlevel.current_token()
+        with self._lock:  # threads of other loops may add or drop at the same time
+            value = self.get(token)
+            if value is None:
+                if len(self) >= self._kept:
+                    del self[next(iter(self))]
+                value = self[token] = make()
+            return value
+
+    def pop_this_loop(self) -> T | None:
+        """Take the value of the calling task's loop out, if it has one."""
+        with self._lock:
+            return self.pop(anyio.lowlevel.current_token(), None)
 
 
 def described(exc: BaseException) -> str:

@@ -512,3 +512,29 @@ def test_a_model_closed_in_its_own_loop_leaves_nothing_to_collect(backend: str) 
             anyio.run(ask_and_close, backend=_other(backend))
             gc.collect()
     assert [] == [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_per_loop_values_are_kept_for_the_latest_loops_only() -> None:
+    # What a SQL store keeps its limiters in and an HTTP adapter its clients: one value
+    # per event loop, made once in it, and only for the latest loops (a CLI's
+    # anyio.run() per command would otherwise keep every dead loop's value).
+    from runlet._util import PerLoop
+
+    values: PerLoop[object] = PerLoop(2)
+    made: list[object] = []
+
+    async def use() -> tuple[object, object, object | None]:
+        first = values.this_loop_or(lambda: made.append(object()) or made[-1])
+        again = values.this_loop_or(lambda: made.append(object()) or made[-1])
+        return first, again, values.this_loop()
+
+    seen = [anyio.run(use, backend=backend) for backend in ["asyncio", "trio", "asyncio"]]
+
+    assert all(first is again is current for first, again, current in seen)
+    assert 3 == len(made)  # one per loop, not per call
+    assert [seen[1][0], seen[2][0]] == list(values.values())  # the oldest loop's dropped
+
+    async def take_out() -> object | None:
+        return values.pop_this_loop()
+
+    assert anyio.run(take_out) is None  # a new loop has none to take out

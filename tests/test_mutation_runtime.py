@@ -395,3 +395,21 @@ async def test_a_page_goes_on_after_a_checkpoint_keep_finished_forgot(finish: st
     assert ["cp_2"] == [p.checkpoint_id for p in page]
     with pytest.raises(CheckpointNotFoundError):  # an id it never had is still refused
         await store.list_pending(after="cp_never")
+
+
+async def test_a_store_knows_the_place_of_the_latest_forgotten_checkpoints_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runlet import _store
+    from runlet.testing._conformance import sample_checkpoint
+
+    monkeypatch.setattr(_store, "_CURSORS_KEPT", 1)
+    store = InMemoryCheckpointStore(keep_finished=0)
+    for checkpoint_id in ("cp_1", "cp_2", "cp_3"):
+        await store.save(sample_checkpoint(checkpoint_id))
+    await store.cancel("cp_1")
+    await store.cancel("cp_2")  # forgotten after cp_1, whose place goes
+
+    assert ["cp_3"] == [p.checkpoint_id for p in await store.list_pending(after="cp_2")]
+    with pytest.raises(CheckpointNotFoundError):
+        await store.list_pending(after="cp_1")

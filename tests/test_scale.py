@@ -5,6 +5,7 @@ scanned), never time, and fails on growth that is quadratic over a run or a stor
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,8 @@ async def test_postgres_list_pending_by_a_number_parses_only_the_checkpoints_it_
     # has the key. Measured: 100,000 pending, 3.9 s for one page with one match; 0.5 s
     # for a first page where 1 % match. jsonb compares numbers as JSON does (1 = 1.0,
     # true is not 1), so numbers and booleans can go into the @> pre-filter too.
-    pytest.importorskip("psycopg")
+    if not os.environ.get("CI"):  # skips without the driver, but fails when CI is set
+        pytest.importorskip("psycopg")
     from _postgres import postgres_store
 
     async with postgres_store(postgres_server, 60.0) as store:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
@@ -44,6 +45,7 @@ from .._errors import (
 )
 from .._messages import Message, ToolResult
 from .._model import ModelRequest, ModelResponse, ModelStreamItem
+from .._util import PerLoop
 from ._retry import RetryPolicy
 
 __all__ = [
@@ -648,7 +650,7 @@ class HTTPModel:
         # One client per event loop (by its anyio token): a client's connections belong
         # to the loop that opened them. Two long-lived loops (a sync framework's worker
         # threads with a portal each) then keep a client each.
-        self._own_clients: dict[object, httpx.AsyncClient] = {}
+        self._own_clients: PerLoop[httpx.AsyncClient] = PerLoop(_LOOPS_KEPT)
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._retry = retry
         self._extra_body = dict(extra_body or {})
@@ -672,29 +674,23 @@ class HTTPModel:
     async def _client(self) -> httpx.AsyncClient:
         if self._given_client is not None:
             return self._given_client
-        loop = anyio.lowlevel.current_token()
-        client = self._own_clients.get(loop)
+        client = self._own_clients.this_loop()
         if client is None:
             # Created on first use, inside the event loop that will use it, so a model
             # built at import time holds no sockets; after aclose() the next request
-            # starts a fresh client.
+            # starts a fresh client. The client of a loop that came and went long ago
+            # is left behind: its connections belong to that loop, which alone could
+            # close them; they close when it is collected.
             tls = _TLS[0] if _TLS else await anyio.to_thread.run_sync(_tls_context)
-            client = self._own_clients.get(loop)
-            if client is not None:
-                return client  # another request made it meanwhile
-            clients = self._own_clients
-            if len(clients) >= _LOOPS_KEPT:
-                # Loops that came and went (an asyncio.run() per command): the oldest
-                # client is left behind. Its connections belong to its own loop, which
-                # alone could close them; they close when it is collected.
-                del clients[next(iter(clients))]
-            client = clients[loop] = httpx.AsyncClient(timeout=self._timeout, verify=tls)
+            client = self._own_clients.this_loop_or(
+                partial(httpx.AsyncClient, timeout=self._timeout, verify=tls)
+            )
         return client
 
     async def aclose(self) -> None:
         """Close the HTTP client the adapter created, if any. A client passed in as
         ``http_client`` belongs to the caller and is never closed here."""
-        client = self._own_clients.pop(anyio.lowlevel.current_token(), None)
+        client = self._own_clients.pop_this_loop()
         if client is not None:
             await client.aclose()
 

@@ -59,7 +59,7 @@ from .._store import (
     resolved_error,
     retired_error,
 )
-from .._util import is_cancellation, is_seconds, or_warn, to_the_end
+from .._util import PerLoop, is_cancellation, is_seconds, or_warn, to_the_end
 
 __all__ = ["SCHEMA_VERSION", "Connection", "SQLStore", "Statements", "dumps"]
 
@@ -161,7 +161,7 @@ class SQLStore:
         # token), as a limiter belongs to the loop (and backend) that made it. A store
         # shared by threads that each run a loop (a sync web framework's workers) then
         # never wakes one loop's waiter from another's thread.
-        self._limiters: dict[object, anyio.CapacityLimiter] = {}
+        self._limiters: PerLoop[anyio.CapacityLimiter] = PerLoop(_LOOPS_KEPT)
 
     # -- what a store module supplies ----------------------------------------------------
 
@@ -232,7 +232,7 @@ class SQLStore:
         traceback: TracebackType | None,
     ) -> None:
         self._entered = False
-        self._limiters = {}
+        self._limiters.clear()
         await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
 
     def _open(self) -> None:
@@ -279,17 +279,13 @@ class SQLStore:
                 f"This {self._name} is not open. Use it as an async context manager: "
                 f"`async with {self._name}(...) as store:` and use the store inside the block."
             )
-        token = anyio.lowlevel.current_token()
-        limiter = self._limiters.get(token)
+        limiter = self._limiters.this_loop()
         if limiter is None:
-            limiter = self._limiter_for(token)
+            limiter = self._limiters.this_loop_or(self._limiter)
         return await anyio.to_thread.run_sync(work, limiter=limiter)
 
-    def _limiter_for(self, token: object) -> anyio.CapacityLimiter:
-        limiters = self._limiters
-        if len(limiters) >= _LOOPS_KEPT:  # loops that came and went (one per request)
-            del limiters[next(iter(limiters))]
-        return limiters.setdefault(token, anyio.CapacityLimiter(self._connections))
+    def _limiter(self) -> anyio.CapacityLimiter:
+        return anyio.CapacityLimiter(self._connections)
 
     # -- the three-method protocol -------------------------------------------------------
 
