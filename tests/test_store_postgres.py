@@ -13,6 +13,7 @@ import anyio.to_thread
 import pytest
 from _postgres import fresh_schema, postgres_store
 from _store_semantics import T0, checkpoint, decision, semantics_tests, sql_store_tests
+from _store_semantics import execute as in_store
 from conftest import BACKENDS
 
 from runlet import (
@@ -62,7 +63,18 @@ def same_database(store: Any) -> PostgresCheckpointStore:
     return PostgresCheckpointStore(store.conninfo, lease=store.lease, max_size=2)
 
 
-TestConformance = store_conformance_tests(pg_store, backends=BACKENDS, second_handle=same_database)
+async def age_leases(store: Any, seconds: float) -> None:
+    """Move every live lease *seconds* nearer its end."""
+    await in_store(
+        store,
+        "UPDATE runlet_checkpoints SET lease_until = lease_until - "
+        f"{float(seconds)!r} * interval '1 second' WHERE status = 'claimed'",
+    )
+
+
+TestConformance = store_conformance_tests(
+    pg_store, backends=BACKENDS, second_handle=same_database, age_leases=age_leases
+)
 
 
 class TestSemantics(semantics_tests(pg_store)):  # type: ignore[misc]

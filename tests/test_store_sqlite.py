@@ -64,7 +64,18 @@ def same_file(store: Any) -> SQLiteCheckpointStore:
     return SQLiteCheckpointStore(store.path, lease=store.lease)
 
 
-TestConformance = store_conformance_tests(sqlite_store, backends=BACKENDS, second_handle=same_file)
+async def age_leases(store: Any, seconds: float) -> None:
+    """Move every live lease *seconds* nearer its end."""
+    await execute(
+        store,
+        f"UPDATE runlet_checkpoints SET lease_until = lease_until - {float(seconds)!r} "
+        "WHERE status = 'claimed'",
+    )
+
+
+TestConformance = store_conformance_tests(
+    sqlite_store, backends=BACKENDS, second_handle=same_file, age_leases=age_leases
+)
 
 
 class TestSemantics(semantics_tests(sqlite_store)):  # type: ignore[misc]

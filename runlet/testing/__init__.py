@@ -24,6 +24,7 @@ a :class:`~runlet.DurableCheckpointStore` implementation against Runlet's guaran
 
 from __future__ import annotations
 
+from ._conformance import AgeLeases as AgeLeases
 from ._conformance import SecondHandle as SecondHandle
 from ._conformance import StoreFactory as StoreFactory
 from ._conformance import store_conformance_tests as store_conformance_tests
@@ -33,6 +34,7 @@ from ._scripted import ScriptItem as ScriptItem
 from ._scripted import call as call
 
 __all__ = [
+    "AgeLeases",
     "ScriptExhaustedError",
     "ScriptItem",
     "ScriptedModel",

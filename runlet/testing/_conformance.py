@@ -60,7 +60,7 @@ from .._store import (
 from .._tools import ToolContext, ToolSpec
 from ._scripted import ScriptedModel, call
 
-__all__ = ["SecondHandle", "StoreFactory", "store_conformance_tests"]
+__all__ = ["AgeLeases", "SecondHandle", "StoreFactory", "store_conformance_tests"]
 
 StoreFactory = Callable[[float], AbstractAsyncContextManager[DurableCheckpointStore]]
 """``factory(lease)`` → an async context manager yielding a fresh, empty store."""
@@ -70,6 +70,10 @@ SecondHandle = Callable[
 ]
 """``second_handle(store)`` → an async context manager yielding another store object on
 *store*'s storage, with its lease."""
+
+AgeLeases = Callable[[DurableCheckpointStore, float], Awaitable[None]]
+"""``age_leases(store, seconds)`` → moves every live claim's lease in *store*'s storage
+*seconds* closer to running out, as if that much time had passed."""
 
 _UTC = datetime.timezone.utc
 _T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=_UTC)
@@ -288,6 +292,7 @@ def store_conformance_tests(
     *,
     backends: tuple[Literal["asyncio", "trio"], ...] = ("asyncio", "trio"),
     second_handle: SecondHandle | None = None,
+    age_leases: AgeLeases | None = None,
 ) -> type[Any]:
     """A pytest test class that checks a :class:`~runlet.DurableCheckpointStore`.
 
@@ -304,6 +309,14 @@ def store_conformance_tests(
             process would open it. With it the suite also checks that claims, tokens,
             records, outcomes and cancellations live in the storage, not in one object:
             a store that keeps them in the object passes every other test.
+        age_leases: ``await age_leases(store, seconds)`` moves the end of every live
+            claim's lease in *store*'s storage *seconds* earlier, as if that much time
+            had passed (for a SQL store, an ``UPDATE`` of the lease column). With it the
+            suite also checks when a lease runs out: that a claim holds until then, that a
+            takeover and a renewal each start a full lease from now, and that a cancel
+            waits for the lease. ``lease=0`` alone cannot tell a takeover that starts a
+            fresh lease from one that keeps the expired one, which lets a third resume in
+            beside the second.
 
     Raises:
         ImportError: pytest is not installed.
@@ -851,6 +864,25 @@ def store_conformance_tests(
             with pytest.raises(CheckpointNotFoundError):
                 await store.cancel("cp_missing")
 
+        async def test_cancel_of_a_resolved_checkpoint_says_how_it_was_resolved(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # The caller who tried to cancel learns the outcome it came too late for.
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            resolution = sample_resolution(checkpoint)
+            await store.resolve("cp_1", claim.token, resolution, None)
+            with pytest.raises(CheckpointResolvedError) as info:
+                await store.cancel("cp_1")
+            assert info.value.checkpoint_id == "cp_1"
+            assert resolution == info.value.resolution, (
+                f"cancel() of a resolved checkpoint raised with .resolution = "
+                f"{info.value.resolution!r}: it must hold the stored outcome"
+            )
+            stored = await store.get("cp_1")
+            assert (stored.status, stored.resolution) == ("resolved", resolution)
+
         # --- Listing -----------------------------------------------------------------
 
         async def test_list_pending_pages_oldest_first(self, store: DurableCheckpointStore) -> None:
@@ -969,6 +1001,57 @@ def store_conformance_tests(
             page = await store.list_pending(after="cp_9", limit=2)
             assert [found.checkpoint_id for found in page] == ["cp_10", "cp_11"]
 
+        async def test_list_pending_keeps_the_order_of_saving_not_of_request_times(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # Oldest first means first saved first; the requests' created_at come from the
+            # workers' clocks, which may disagree (here each worker runs behind the last).
+            for name, minute in (("cp_a", 30), ("cp_b", 10), ("cp_c", 20)):
+                await store.save(sample_checkpoint(name, minute=minute))
+            listed = [found.checkpoint_id for found in await store.list_pending()]
+            assert listed == ["cp_a", "cp_b", "cp_c"], (
+                f"list_pending() gives {listed}: in the order first saved, not by created_at"
+            )
+            pages: list[str] = []
+            after: str | None = None
+            for _ in range(4):  # bounded, in case a page never ends
+                page = await store.list_pending(limit=1, after=after)
+                if not page:
+                    break
+                pages.append(page[0].checkpoint_id)
+                after = page[0].checkpoint_id
+            assert pages == ["cp_a", "cp_b", "cp_c"], f"pages of one give {pages}"
+
+        async def test_saving_again_keeps_a_checkpoint_s_place_in_the_listing(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A checkpoint saved again (a re-import, a retried request) stays where it was
+            # first saved: moving it would let a client paging with `after` skip or repeat it.
+            for index in range(3):
+                await store.save(sample_checkpoint(f"cp_{index}", minute=index))
+            await store.save(sample_checkpoint("cp_0", metadata={"tenant": "other"}, minute=9))
+            listed = [found.checkpoint_id for found in await store.list_pending()]
+            assert listed == ["cp_0", "cp_1", "cp_2"], (
+                f"after saving cp_0 again, list_pending() gives {listed}: saving again keeps "
+                "the place of the first save"
+            )
+            page = await store.list_pending(limit=1, after="cp_0")
+            assert [found.checkpoint_id for found in page] == ["cp_1"]
+            assert (await store.list_pending())[0].metadata == {"tenant": "other"}
+
+        async def test_list_pending_gives_every_open_request_of_a_checkpoint(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A turn may wait on several calls; a dashboard shows them all.
+            checkpoint = _rich_checkpoint()
+            await store.save(checkpoint)
+            [listed] = await store.list_pending()
+            assert listed.requests == checkpoint.open_requests, (
+                f"list_pending() gives the requests {[r.id for r in listed.requests]}, not "
+                f"every open request {[r.id for r in checkpoint.open_requests]}"
+            )
+            assert PendingRequest.of(checkpoint) == listed
+
         async def test_list_pending_refuses_an_unknown_after_and_a_bad_limit_or_filter(
             self, store: DurableCheckpointStore
         ) -> None:
@@ -1034,6 +1117,38 @@ def store_conformance_tests(
             assert await ids({"n": [0, False]}) == []
             assert await ids({"n": [False, 0]}) == ["cp_2"]
             assert await ids({"n": [False, False]}) == []
+
+        async def test_a_metadata_filter_takes_tuples_and_lists_as_arrays(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A JSON array may come as a tuple, in the run's metadata or in the filter.
+            await store.save(sample_checkpoint("cp_1", metadata={"tags": ("a", "b")}))
+            await store.save(sample_checkpoint("cp_2", metadata={"tags": ["a"]}))
+
+            async def ids(wanted: dict[str, Any]) -> list[str]:
+                found = await store.list_pending(metadata=wanted)
+                return [item.checkpoint_id for item in found]
+
+            assert await ids({"tags": ["a", "b"]}) == ["cp_1"]
+            assert await ids({"tags": ("a", "b")}) == ["cp_1"]
+            assert await ids({"tags": ("a",)}) == ["cp_2"]
+            assert await ids({"tags": ("b", "a")}) == []
+
+        async def test_a_metadata_filter_never_matches_a_missing_key(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A key the run's metadata lacks is no match, even for None; also for a key a
+            # store cannot look up in its database (U+0000), which it checks itself.
+            await store.save(sample_checkpoint("cp_1", metadata={"tenant": "acme", "n": None}))
+
+            async def ids(wanted: dict[str, Any]) -> list[str]:
+                found = await store.list_pending(metadata=wanted)
+                return [item.checkpoint_id for item in found]
+
+            assert await ids({"n": None}) == ["cp_1"]
+            assert await ids({"missing": None}) == []
+            assert await ids({"\x00missing": None}) == []
+            assert await ids({"tenant": "acme", "\x00missing": None}) == []
 
         # --- JSON --------------------------------------------------------------------
 
@@ -1165,9 +1280,87 @@ def store_conformance_tests(
 
     suite: type = StoreConformance
     if second_handle is not None:
-        suite = _with_two_handles(StoreConformance, second_handle)
+        suite = _with_two_handles(suite, second_handle)
+    if age_leases is not None:
+        suite = _with_lease_times(suite, age_leases)
     suite.__name__ = suite.__qualname__ = "StoreConformance"
     return suite
+
+
+def _with_lease_times(base: type, age_leases: AgeLeases) -> type:
+    """*base* with the tests that move time on for the leases (each 60 s long)."""
+    import pytest  # present: store_conformance_tests checked
+
+    class LeaseTimes(base):  # type: ignore[misc]
+        async def test_a_claim_holds_until_its_lease_runs_out(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            first = await store.claim("cp_1")
+            await age_leases(store, 55.0)
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")  # 5 s left
+            await age_leases(store, 10.0)
+            second = await store.claim("cp_1")  # ran out 5 s ago: taken over
+            assert first.token != second.token
+
+        async def test_a_takeover_holds_a_lease_of_its_own(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A takeover that kept the lease it replaced would be open to a third
+            # claimer at once: two resumes would run side by side.
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            await store.claim("cp_1")
+            await age_leases(store, 65.0)
+            taken = await store.claim("cp_1")
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")
+            await age_leases(store, 55.0)
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")  # 5 s of the takeover's lease left
+            await store.record("cp_1", taken.token, [_record(checkpoint)])
+            await age_leases(store, 10.0)
+            third = await store.claim("cp_1")
+            assert (_record(checkpoint),) == third.records
+
+        async def test_a_renewal_starts_a_full_lease_from_now(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            await store.save(sample_checkpoint("cp_1"))
+            claim = await store.claim("cp_1")
+            await age_leases(store, 50.0)
+            await store.renew("cp_1", claim.token)  # 60 s from now, not from the claim
+            await age_leases(store, 50.0)
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")  # 10 s left
+            await store.renew("cp_1", claim.token)
+            await age_leases(store, 55.0)
+            with pytest.raises(CheckpointClaimedError):
+                await store.claim("cp_1")  # 5 s left
+            await age_leases(store, 10.0)
+            taken = await store.claim("cp_1")  # renewals do not make a lease endless
+            assert taken.token != claim.token
+            with pytest.raises(LeaseLostError):
+                await store.renew("cp_1", claim.token)
+
+        async def test_a_cancel_waits_for_the_lease_then_fences_the_claim(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            checkpoint = sample_checkpoint("cp_1")
+            await store.save(checkpoint)
+            claim = await store.claim("cp_1")
+            await age_leases(store, 55.0)
+            with pytest.raises(CheckpointClaimedError):
+                await store.cancel("cp_1")
+            assert (await store.get("cp_1")).status == "claimed"
+            await age_leases(store, 10.0)
+            await store.cancel("cp_1")
+            with pytest.raises(LeaseLostError):
+                await store.record("cp_1", claim.token, [_record(checkpoint)])
+            assert (await store.get("cp_1")).status == "cancelled"
+
+    return LeaseTimes
 
 
 def _with_two_handles(base: type, second_handle: SecondHandle) -> type:

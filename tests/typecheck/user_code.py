@@ -215,6 +215,15 @@ def conformance_on_a_typo() -> None:
     store_conformance_tests(fresh_store, backends=("asynco",))  # type: ignore[arg-type]
 
 
+async def age_leases(store: DurableCheckpointStore, seconds: float) -> None:
+    raise NotImplementedError
+
+
+def conformance_with_lease_times() -> None:
+    store_conformance_tests(fresh_store, age_leases=age_leases)
+    store_conformance_tests(fresh_store, age_leases=fresh_store)  # type: ignore[arg-type]
+
+
 class HandMadeTracerProvider:
     """An OpenTelemetry-like provider (OpenTelemetry's own passes the same way, and the
     signature of Runtime is fully typed without OpenTelemetry installed)."""
