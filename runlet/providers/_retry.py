@@ -68,7 +68,8 @@ class RetryPolicy:
         """
         if retry_after is not None:
             return retry_after
-        cap = min(self.max_delay, self.base_delay * 2.0**retry)
+        # 2.0**1024 overflows a float; a cap that far up is max_delay anyway.
+        cap = min(self.max_delay, self.base_delay * 2.0 ** min(retry, 1023))
         return rng.uniform(0.0, cap)
 
 
