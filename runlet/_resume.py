@@ -204,21 +204,28 @@ async def _resume(
             record_result,
             held,
         )
+        # 6. Resolve: the outcome and the next checkpoint, atomically.
         if held is not None:
-            result, decided = await _holding_lease(held, work)
+            # Resolved while the lease is still renewed: a cancellation that comes as the
+            # renewals stop must not throw the finished run away.
+            resolve = partial(
+                _resolve, loop, durable_store, in_memory, checkpoint_id, token, responses, deferred
+            )
+            result = await _holding_lease(held, work, resolve)
         else:
             result, decided = await work
-        # 6. Resolve: the outcome and the next checkpoint, atomically.
-        resolution = _new_resolution(
-            decisions=decided, result=result, resolved_at=loop.clock(), expired=responses is None
-        )
-        next_checkpoint = deferred[0] if deferred else None
-        if in_memory:  # it never yields, so nothing can stop it halfway
-            await durable_store.resolve(checkpoint_id, token, resolution, next_checkpoint)
-        else:  # nothing may stop the final write halfway
-            await to_the_end(
-                partial(durable_store.resolve, checkpoint_id, token, resolution, next_checkpoint)
+            await _resolve(
+                loop,
+                durable_store,
+                in_memory,
+                checkpoint_id,
+                token,
+                responses,
+                deferred,
+                result,
+                decided,
             )
+        next_checkpoint = deferred[0] if deferred else None
     except BaseException:
         if in_memory:
             await durable_store.release(checkpoint_id, token)
@@ -243,6 +250,28 @@ async def _resume(
     if emit is not None:
         await _announce(emit, next_checkpoint)
     return result
+
+
+async def _resolve(
+    loop: Loop,
+    store: DurableCheckpointStore,
+    in_memory: bool,
+    checkpoint_id: str,
+    token: str,
+    responses: Sequence[HumanResponse] | None,
+    deferred: list[Checkpoint],
+    result: RunResult,
+    decided: tuple[Decision, ...],
+) -> None:
+    """Store the outcome and the next checkpoint (the first of *deferred*, if any)."""
+    resolution = _new_resolution(
+        decisions=decided, result=result, resolved_at=loop.clock(), expired=responses is None
+    )
+    next_checkpoint = deferred[0] if deferred else None
+    if in_memory:  # it never yields, so nothing can stop it halfway
+        await store.resolve(checkpoint_id, token, resolution, next_checkpoint)
+    else:  # nothing may stop the final write halfway
+        await to_the_end(partial(store.resolve, checkpoint_id, token, resolution, next_checkpoint))
 
 
 async def _resume_plain(
@@ -762,16 +791,27 @@ class _Held:
 
 
 async def _holding_lease(
-    held: _Held, work: Awaitable[tuple[RunResult, tuple[Decision, ...]]]
-) -> tuple[RunResult, tuple[Decision, ...]]:
-    """Await *work* while a background task renews the claim every third of the lease;
-    if the claim is lost, stop the work and raise :class:`~runlet.LeaseLostError`."""
+    held: _Held,
+    work: Awaitable[tuple[RunResult, tuple[Decision, ...]]],
+    resolve: Callable[[RunResult, tuple[Decision, ...]], Awaitable[None]],
+) -> RunResult:
+    """Await *work*, then ``resolve(*outcome)``, while a background task renews the claim
+    every third of the lease; if the claim is lost during the work, stop it and raise
+    :class:`~runlet.LeaseLostError`. Returns the work's result.
+
+    The resolve runs before the renewals stop: ending their task is where a cancellation
+    that came meanwhile (a deadline passed during the last turn) is delivered, and it
+    must find the outcome stored, not throw the finished run away. During the resolve
+    the renewals only keep the lease: the resolve's own token check says whether the
+    claim still holds, and a renewal refused because the resolve just retired the token
+    is no loss."""
     lease = held.lease
     lost: list[LeaseLostError] = []
     outcome: list[tuple[RunResult, tuple[Decision, ...]]] = []
     failure: list[BaseException] = []
     done = anyio.Event()
     renewing = [False]
+    resolving = [False]
 
     async def keep(scope: anyio.CancelScope) -> None:
         while True:
@@ -784,8 +824,9 @@ async def _holding_lease(
             try:
                 await held.renew()
             except LeaseLostError as exc:
-                lost.append(exc)
-                scope.cancel()
+                if not resolving[0]:
+                    lost.append(exc)
+                    scope.cancel()
                 return
             except Exception as exc:  # noqa: BLE001 - a passing fault; the next renewal retries
                 log.warning(
@@ -813,6 +854,8 @@ async def _holding_lease(
         group.start_soon(keep, group.cancel_scope)
         try:
             outcome.append(await work)
+            resolving[0] = True
+            await resolve(*outcome[0])
         except BaseException as exc:
             if is_cancellation(exc):  # a lost lease's, the caller's: the group handles it
                 raise
@@ -827,7 +870,7 @@ async def _holding_lease(
         raise lost[0]
     if failure:
         raise failure[0]
-    return outcome[0]
+    return outcome[0][0]
 
 
 async def _repeated(trace: RunTrace | None, emit: Emit | None, result: RunResult) -> RunResult:

@@ -326,3 +326,40 @@ async def test_to_the_end_lets_the_cancellation_go_on_whatever_the_call_did() ->
 
     with pytest.raises(OSError, match="disk full"):  # not cancelled: raised as itself
         await fails_uncancelled()
+
+
+# --- A deadline that passes during the last turn of a resume that holds a lease ----------
+
+
+async def test_a_cancellation_during_the_last_turn_finds_the_run_resolved() -> None:
+    # The resume finishes its last turn without waiting again; the cancellation that came
+    # meanwhile lands where the lease's renewals stop. It must find the outcome stored,
+    # not throw the finished run away (a retry would run the last turn again).
+    paid: list[str] = []
+
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        paid.append(context.idempotency_key)
+        return "Paid."
+
+    scope = anyio.CancelScope()
+    turns: list[ModelRequest] = []
+
+    def last_turn(request: ModelRequest) -> str:
+        turns.append(request)
+        scope.cancel()  # a deadline passes while the model answers; nothing waits after
+        return "Done."
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    agent = approval_agent(tool, script=[call("pay", id="c1"), last_turn])
+    store = InMemoryCheckpointStore(lease=60.0)
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    with scope:
+        await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+    assert scope.cancelled_caught  # the cancellation went on
+    stored = await store.get(first.checkpoint_id)
+    assert ("resolved", 1) == (stored.status, len(turns))
+    again = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+    assert stored.resolution is not None
+    assert (again, 1, 1) == (stored.resolution.result, len(turns), len(paid))

@@ -2509,7 +2509,10 @@ async def test_a_native_cancellation_right_after_the_handler_still_records_its_r
         async with anyio.create_task_group() as group:  # a task of its own to cancel
             group.start_soon(native.run, attempt)
         stored = await store.get(cp(first))
-        if native.cancelled:  # the result was recorded, and the claim given back
+        if native.cancelled and stored.status != "resolved":
+            # The result was recorded, and the claim given back. (Or the run finished and
+            # was resolved before the cancellation landed: trio delivers it at the next
+            # await that yields, which may come only after the resolve.)
             assert "pending" == stored.status
             assert ["Refunded order 7."] == [
                 record.result.content for record in stored.records if record.result

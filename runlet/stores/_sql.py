@@ -402,17 +402,23 @@ class SQLStore:
             await anyio.lowlevel.checkpoint_if_cancelled()
             return claim
         except BaseException as exc:
-            if isinstance(exc, Exception) and not is_cancellation(exc):
-                raise  # the claim failed: nothing to give back
-            # Cancelled, or Ctrl-C: the thread may have claimed before it took effect,
-            # and nobody holds that token, so give the checkpoint back instead of
-            # waiting a lease (to its end, even under asyncio's own Task.cancel()).
+            if (
+                isinstance(exc, Exception)
+                and not is_cancellation(exc)
+                and not self._lost_connection(exc)
+            ):
+                raise  # the claim was refused: nothing to give back
+            # Cancelled, or Ctrl-C, or the connection died (after the claim committed,
+            # maybe): the claim may have been taken, and nobody holds that token, so give
+            # the checkpoint back instead of waiting a lease (to its end, even under
+            # asyncio's own Task.cancel()). The token makes it a no-op if it was not.
             await to_the_end(
                 partial(
                     or_warn,
                     partial(self.release, checkpoint_id, token),
-                    "A claim on checkpoint %r was cancelled, and giving it back failed; it "
-                    "stays claimed until the lease runs out: %s",
+                    "A claim on checkpoint %r was cancelled or lost its connection, and "
+                    "giving it back failed; if it was taken, it stays claimed until the "
+                    "lease runs out: %s",
                     checkpoint_id,
                 )
             )
