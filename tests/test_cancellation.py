@@ -363,3 +363,44 @@ async def test_a_cancellation_during_the_last_turn_finds_the_run_resolved() -> N
     again = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
     assert stored.resolution is not None
     assert (again, 1, 1) == (stored.resolution.result, len(turns), len(paid))
+
+
+async def test_a_renewal_refused_because_the_resolve_retired_the_token_is_no_lost_lease() -> None:
+    # The resolve retires the claim's token; a renewal that comes while the resolve is
+    # still under way is then refused. The resume must return its stored result, not
+    # raise LeaseLostError for a claim it gave up itself.
+    class ResolvesSlowly(InMemoryCheckpointStore):
+        def __init__(self) -> None:
+            super().__init__(lease=0.03)  # renewed every 10 ms
+            self.renewed_after_resolve = anyio.Event()
+            self.resolved = False
+
+        async def renew(self, checkpoint_id: str, token: str) -> None:
+            try:
+                await super().renew(checkpoint_id, token)
+            finally:
+                if self.resolved:
+                    self.renewed_after_resolve.set()
+
+        async def resolve(self, *args: Any, **kwargs: Any) -> None:
+            await super().resolve(*args, **kwargs)
+            self.resolved = True
+            await self.renewed_after_resolve.wait()  # the write's reply is slow to come
+
+    async def pay(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        return "Paid."
+
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, pay, requires_approval=True)
+    agent = approval_agent(tool, script=[call("pay", id="c1"), "Done."])
+    store = ResolvesSlowly()
+    runtime = Runtime(checkpoint_store=store)
+    first = await runtime.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    with anyio.fail_after(10):
+        result = await runtime.resume(
+            agent, checkpoint_id=first.checkpoint_id, response=approve(first)
+        )
+    stored = await store.get(first.checkpoint_id)
+    assert ("completed", "resolved") == (result.status, stored.status)
+    assert stored.resolution is not None
+    assert result == stored.resolution.result
