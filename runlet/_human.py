@@ -116,7 +116,7 @@ class HumanRequest:
     outcome_unknown: bool = attrs.field(kw_only=True, default=False)
 
 
-def _check_action(_: object, __: attrs.Attribute[str], action: object) -> None:
+def _check_action(_: object, __: attrs.Attribute[HumanAction], action: object) -> None:
     if not isinstance(action, str) or action not in _ALL_ACTIONS:  # a list is no key
         raise HumanResponseError(
             f"HumanResponse action {action!r} is unknown: use 'approve' or 'reject' for an "

@@ -334,8 +334,9 @@ class RunTrace:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        span = self.span
+        span, token = self.span, self._token
         assert span is not None
+        assert token is not None  # __enter__ set it with the span
         span.set_attribute(INPUT_TOKENS, self._input_tokens)
         span.set_attribute(OUTPUT_TOKENS, self._output_tokens)
         final = self._completed_with
@@ -345,7 +346,7 @@ class RunTrace:
             span.set_attribute(RUN_STATUS, "completed")
             if self.content:
                 span.set_attribute(OUTPUT_MESSAGES, _output_json(final, "stop"))
-        self._close(span, self._token, exc)
+        self._close(span, token, exc)
 
     def reference(self) -> dict[str, str] | None:
         """The run span's ids as JSON-compatible data (see :func:`span_reference`)."""
@@ -533,7 +534,7 @@ class RunTrace:
     def _error(self, span: Span, error_type: str, description: str | None) -> None:
         _set_error(self._api, span, error_type, description)
 
-    def _close(self, span: Span, token: Token[Context] | None, exc: BaseException | None) -> None:
+    def _close(self, span: Span, token: Token[Context], exc: BaseException | None) -> None:
         _end(self._api, span, token, exc, self.content)
 
 
@@ -678,11 +679,12 @@ class _Span:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        span = self._span
+        span, token = self._span, self._token
         assert span is not None
+        assert token is not None  # __enter__ set it with the span
         if exc is None and self.on_success:
             span.set_attributes(self.on_success)
-        _end(self._api, span, self._token, exc, self._content)
+        _end(self._api, span, token, exc, self._content)
 
 
 def _set_error(api: _Api, span: Span, error_type: str, description: str | None) -> None:
@@ -691,7 +693,7 @@ def _set_error(api: _Api, span: Span, error_type: str, description: str | None) 
 
 
 def _end(
-    api: _Api, span: Span, token: Token[Context] | None, exc: BaseException | None, content: bool
+    api: _Api, span: Span, token: Token[Context], exc: BaseException | None, content: bool
 ) -> None:
     """End *span*, made current with *token*: when *exc* passes through, with an error
     status and type, and (unless it is a cancellation, which is no failure of its own)

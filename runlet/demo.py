@@ -273,7 +273,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def missing_extra(args: argparse.Namespace) -> str | None:
     """What the chosen options need that is not installed, said as what to do about it;
     ``None`` when nothing is missing."""
-    needs = []
+    needs: list[tuple[str, str, str]] = []
     if args.backend == "trio":
         needs.append(("the trio backend", "trio", "trio"))
     if args.provider != "scripted":

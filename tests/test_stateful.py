@@ -46,6 +46,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
+from _exact_store import ExactStore
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -814,12 +815,15 @@ async def fresh_store(kind: str) -> AsyncIterator[Any]:
     if kind == "memory":
         yield InMemoryCheckpointStore()
         return
+    if kind == "exact":  # the protocol's own signatures: no keyword or default leaned on
+        yield ExactStore(InMemoryCheckpointStore())
+        return
     with tempfile.TemporaryDirectory(prefix="runlet-stateful-") as root:
         async with SQLiteCheckpointStore(Path(root) / "store.db") as store:
             yield store
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("store_kind", ["memory", "exact", "sqlite"])
 @settings(
     max_examples=int(os.environ.get("RUNLET_STATEFUL_EXAMPLES", "50")),
     deadline=None,

@@ -228,7 +228,7 @@ async def _race_resolve_and_takeover(
     old = await store.claim(checkpoint_id)
     resolution = sample_resolution(checkpoint)
     resolved, taken = await _which_succeed(
-        (partial(store.resolve, checkpoint_id, old.token, resolution), LeaseLostError),
+        (partial(store.resolve, checkpoint_id, old.token, resolution, None), LeaseLostError),
         (partial(store.claim, checkpoint_id), CheckpointResolvedError),
     )
     return resolved, taken

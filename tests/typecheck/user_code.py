@@ -17,7 +17,6 @@ from runlet import (
     Decision,
     DurableCheckpointStore,
     HumanResponse,
-    InMemoryCheckpointStore,
     Interrupted,
     Message,
     ModelRequest,
@@ -250,5 +249,5 @@ def every_public_data_class_unstructures(
     return shown
 
 
-class TestMyStore(store_conformance_tests(lambda lease: InMemoryCheckpointStore())):  # type: ignore[misc]  # mypy refuses any computed base class; pyright takes it
+class TestMyStore(store_conformance_tests(fresh_store)):  # type: ignore[misc]  # mypy refuses any computed base class; pyright takes it
     async def test_extra(self) -> None: ...
