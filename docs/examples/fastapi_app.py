@@ -18,7 +18,7 @@ Endpoints (JSON in and out, Runlet objects in the form of ``runlet.unstructure``
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -49,7 +49,7 @@ from runlet import (
 
 
 @asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
     async with open_store() as store:
         app.state.store = store
         app.state.runtime = Runtime(checkpoint_store=store)
