@@ -51,7 +51,7 @@ from ._result import RunResult
 from ._store import CheckpointStore
 from ._tools import ToolContext, ToolSpec, edited_content, handler_failed
 from ._tracing import Tracing
-from ._util import ReadOnlyDict, own_copy, side_by_side, slot_builder
+from ._util import ReadOnlyDict, in_own_context, own_copy, side_by_side, slot_builder
 
 if TYPE_CHECKING:
     from ._tracing import RunTrace
@@ -385,7 +385,8 @@ async def run_tool(
         try:
             # The handler's own copy: what it changes in place is not the call the model
             # made, nor the arguments a person approved (the audit trail keeps those).
-            value = await tool.handler(own_copy(arguments), context)
+            # In a context of its own: what it sets in context variables stays its own.
+            value = await in_own_context(tool.handler(own_copy(arguments), context))
         except Exception as exc:  # noqa: BLE001 - any failure goes to the model
             await handler_failed()  # unless the run was cancelled: see there
             content, is_error = tool._failed(exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import math
@@ -16,7 +17,7 @@ import attrs
 import jsonschema_rs
 
 from ._errors import ConfigurationError
-from ._util import is_seconds, log, own_copy
+from ._util import in_own_context, is_seconds, log, own_copy
 
 __all__ = ["ApprovalPolicy", "Handler", "ToolContext", "ToolDefinition", "ToolSpec"]
 
@@ -25,7 +26,9 @@ Handler = Callable[[dict[str, Any], "ToolContext"], Union[Awaitable[Any], Any]]
 
 A plain (non-async) function is accepted too; it runs in a worker thread. *arguments* is
 the handler's own ``dict`` (a deep copy of the call's): it may change it. A handler
-annotated with ``Mapping[str, Any]`` fits too.
+annotated with ``Mapping[str, Any]`` fits too. It sees the context variables of the
+caller of ``run()`` or ``resume()`` (of ``stream()``, for a stream), in a copy of its own:
+what it sets there stays in the call.
 """
 
 ApprovalPolicy = Callable[[dict[str, Any], "ToolContext"], Union[Awaitable[bool], bool]]
@@ -443,9 +446,11 @@ class ToolSpec:
 
     async def _needs_approval(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
         """Ask the policy; raises ConfigurationError for an answer that is not a bool."""
-        answer = self._gate(own_copy(arguments), context)  # type: ignore[operator]
+        # In a context of its own, as a handler: what it sets stays its own.
+        own = contextvars.copy_context()
+        answer = own.run(self._gate, own_copy(arguments), context)  # type: ignore[arg-type]
         if inspect.isawaitable(answer):
-            answer = await answer
+            answer = await in_own_context(answer, own)
         if type(answer) is not bool:
             raise ConfigurationError(
                 f"the approval policy of tool {self.name!r} returned {answer!r}; it must "
@@ -505,7 +510,7 @@ class ToolSpec:
             if self.timeout is None:
                 # Awaiting an async handler directly saves a coroutine per call.
                 if self._is_async:
-                    value = await self.handler(own, context)
+                    value = await in_own_context(self.handler(own, context))
                 else:
                     value = await self._call(own, context)
             else:
@@ -547,13 +552,14 @@ class ToolSpec:
 
     async def _call(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         if self._is_async:
-            return await self.handler(arguments, context)
+            return await in_own_context(self.handler(arguments, context))
         # Boxed, because trio refuses a worker-thread function that returns a coroutine.
+        # The thread runs in a copy of the context, so what the handler sets stays its own.
         [value] = await anyio.to_thread.run_sync(
             _boxed, self.handler, arguments, context, abandon_on_cancel=True
         )
         if inspect.isawaitable(value):
-            return await value
+            return await in_own_context(value)
         return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import inspect
@@ -10,7 +11,7 @@ import math
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from types import MemberDescriptorType
+from types import MemberDescriptorType, coroutine
 from typing import Any, TypeVar
 
 import anyio
@@ -206,6 +207,35 @@ def slot_builder(cls: type[T]) -> Callable[..., T]:
     exec("\n".join(lines), namespace)  # code made from the class's own field names
     build: Callable[..., T] = namespace["build"]
     return build
+
+
+@coroutine
+def in_own_context(
+    awaitable: Awaitable[T], context: contextvars.Context | None = None
+) -> typing.Generator[Any, Any, T]:
+    """Await *awaitable* with every step of it run in *context* (by default a copy of
+    the current context), in the calling task. What a handler sets in a context variable
+    then stays its own, as it does when the handler runs in a task of its own (calls of
+    one turn side by side) or in a worker thread (a plain function): it never reaches the
+    caller of ``run()`` or ``resume()``, nor the model or the tools after it."""
+    run = (contextvars.copy_context() if context is None else context).run
+    steps = awaitable.__await__()
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            signal = run(steps.send, value) if error is None else run(steps.throw, error)
+        except StopIteration as stop:
+            return typing.cast(T, stop.value)
+        finally:
+            error = None  # no traceback cycle through this frame
+        try:
+            value = yield signal
+        except GeneratorExit:
+            run(steps.close)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - thrown into the awaitable
+            value, error = None, exc
 
 
 def _name_of(call: Callable[..., Any]) -> str:
