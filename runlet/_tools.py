@@ -312,7 +312,9 @@ class ToolSpec:
             :class:`ToolContext`. A ``str`` goes to the model as is; any other JSON
             value is sent as JSON text. A plain function runs in a worker thread (it
             cannot be interrupted there: on cancellation or timeout Runlet stops
-            waiting for it, but the thread finishes on its own).
+            waiting for it, but the thread finishes on its own). It sees the context
+            variables of the caller of ``run()`` or ``resume()`` in a copy of its own:
+            what it sets there stays in the call.
         requires_approval: ``True`` to stop the run for a person to approve or reject
             every call before the handler runs; or an :data:`ApprovalPolicy`,
             ``(arguments, context) -> bool`` (sync or async), to decide per call (for
