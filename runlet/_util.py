@@ -220,22 +220,25 @@ def in_own_context(
     caller of ``run()`` or ``resume()``, nor the model or the tools after it."""
     run = (contextvars.copy_context() if context is None else context).run
     steps = awaitable.__await__()
-    value: Any = None
-    error: BaseException | None = None
+    try:
+        signal = run(steps.send, None)
+    except StopIteration as stop:  # the common case: done without waiting
+        return stop.value  # type: ignore[no-any-return]
     while True:
-        try:
-            signal = run(steps.send, value) if error is None else run(steps.throw, error)
-        except StopIteration as stop:
-            return typing.cast(T, stop.value)
-        finally:
-            error = None  # no traceback cycle through this frame
+        error: BaseException | None = None
         try:
             value = yield signal
         except GeneratorExit:
             run(steps.close)
             raise
         except BaseException as exc:  # noqa: BLE001 - thrown into the awaitable
-            value, error = None, exc
+            error = exc
+        try:
+            signal = run(steps.send, value) if error is None else run(steps.throw, error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        finally:
+            error = None  # no traceback cycle through this frame
 
 
 def _name_of(call: Callable[..., Any]) -> str:
