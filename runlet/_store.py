@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -469,17 +470,18 @@ class _Entry:
 class InMemoryCheckpointStore:
     """A :class:`DurableCheckpointStore` that keeps checkpoints in memory.
 
-    Checkpoints last only as long as the process: use it for tests, demos and
-    single-process apps. Every operation completes without yielding to the event loop, so
-    each is atomic. Resolved and cancelled checkpoints are kept, so that a repeated resume
-    returns the stored result, up to *keep_finished* of them: beyond that the oldest are
-    forgotten, so a long-running process does not grow without bound. A repeated answer
-    comes within seconds (a second click, a client's retry), so the default keeps the
-    latest 1,000. Keeping more costs memory (each holds its run's whole transcript) and
-    time on every resume: new objects cannot reuse the memory of the ones kept, and while
-    the store fills, the garbage collector walks them. Give a larger *keep_finished* (or
-    ``None``) for a longer window, or use a durable store, which keeps every outcome until
-    you purge it.
+    Checkpoints last only as long as the process: use it for tests, demos and single-process
+    apps. Every operation completes without yielding to the event loop, under a lock, so
+    each is atomic, also when threads that each run an event loop (a sync web framework's
+    workers) share the store. Resolved and cancelled checkpoints are kept, so that a
+    repeated resume returns the stored result, up to *keep_finished* of them: beyond that
+    the oldest are forgotten, so a long-running process does not grow without bound. A
+    repeated answer comes within seconds (a second click, a client's retry), so the default
+    keeps the latest 1,000. Keeping more costs memory (each holds its run's whole
+    transcript) and time on every resume: new objects cannot reuse the memory of the ones
+    kept, and while the store fills, the garbage collector walks them. Give a larger
+    *keep_finished* (or ``None``) for a longer window, or use a durable store, which keeps
+    every outcome until you purge it.
 
     Args:
         lease: Seconds a claim lasts; ``None`` (the default) means until the resume that
@@ -505,6 +507,9 @@ class InMemoryCheckpointStore:
         # Where the checkpoints keep_finished forgot stood, so a list_pending() page that
         # ended at one goes on after it (the latest _CURSORS_KEPT of them).
         self._forgotten: dict[str, int] = {}
+        # Threads that each run a loop may share the store: every operation runs whole
+        # under this lock (never across an await, so a loop never waits on it for long).
+        self._lock = threading.Lock()
 
     @property
     def lease(self) -> float | None:
@@ -516,19 +521,24 @@ class InMemoryCheckpointStore:
 
     def __len__(self) -> int:
         """How many checkpoints wait for an answer (pending or claimed)."""
-        return sum(1 for entry in self._entries.values() if entry.status in ("pending", "claimed"))
+        with self._lock:
+            return sum(
+                1 for entry in self._entries.values() if entry.status in ("pending", "claimed")
+            )
 
     def __contains__(self, checkpoint_id: object) -> bool:
         """Whether the checkpoint waits for an answer (pending or claimed)."""
-        try:
-            entry = self._entries.get(checkpoint_id)  # type: ignore[call-overload]
-        except TypeError:  # an id no dict key can be
-            return False
-        return entry is not None and entry.status in ("pending", "claimed")
+        with self._lock:
+            try:
+                entry = self._entries.get(checkpoint_id)  # type: ignore[call-overload]
+            except TypeError:  # an id no dict key can be
+                return False
+            return entry is not None and entry.status in ("pending", "claimed")
 
     async def save(self, checkpoint: Checkpoint) -> None:
         """Store *checkpoint* as pending (replacing the data of one with the same id)."""
-        self._put(checkpoint)
+        with self._lock:
+            self._put(checkpoint)
 
     async def load(self, checkpoint_id: str) -> Checkpoint:
         """Return the checkpoint while it waits for an answer (pending or claimed).
@@ -538,60 +548,66 @@ class InMemoryCheckpointStore:
                 it (it is retired; :meth:`get` still shows it with its outcome).
             CheckpointCancelledError: It was cancelled.
         """
-        entry = self._entry(checkpoint_id)
-        if entry.status == "cancelled":
-            raise cancelled_error(checkpoint_id)
-        if entry.status == "resolved":
-            raise retired_error(checkpoint_id)
-        return entry.checkpoint
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            if entry.status == "cancelled":
+                raise cancelled_error(checkpoint_id)
+            if entry.status == "resolved":
+                raise retired_error(checkpoint_id)
+            return entry.checkpoint
 
     async def delete(self, checkpoint_id: str) -> None:
         """Forget the checkpoint with its records and outcome."""
-        with contextlib.suppress(TypeError):  # an id no dict key can be: nothing to forget
+        # TypeError: an id no dict key can be, so nothing to forget.
+        with self._lock, contextlib.suppress(TypeError):
             self._entries.pop(checkpoint_id, None)
 
     async def get(self, checkpoint_id: str) -> StoredCheckpoint:
         """The checkpoint with its status, records and resolution."""
-        entry = self._entry(checkpoint_id)
-        records = entry.records
-        return _new_stored(
-            checkpoint=entry.checkpoint,
-            status=entry.status,
-            records=tuple(records.values()) if records else (),
-            resolution=entry.resolution,
-        )
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            records = entry.records
+            return _new_stored(
+                checkpoint=entry.checkpoint,
+                status=entry.status,
+                records=tuple(records.values()) if records else (),
+                resolution=entry.resolution,
+            )
 
     async def claim(self, checkpoint_id: str) -> Claim:
         """Take the checkpoint for one resume (see :meth:`DurableCheckpointStore.claim`)."""
-        entry = self._entry(checkpoint_id)
-        status = entry.status
-        if status == "claimed":
-            if self._held_now(entry):
-                raise claimed_error(checkpoint_id)
-        elif status != "pending":
-            _refuse_final(entry, checkpoint_id)
-        entry.status = "claimed"
-        entry.token = token = new_token()
-        if self._lease is not None:
-            entry.lease_until = time.monotonic() + self._lease
-        records = entry.records
-        return _new_claim(
-            checkpoint=entry.checkpoint,
-            token=token,
-            records=tuple(records.values()) if records else (),
-        )
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            status = entry.status
+            if status == "claimed":
+                if self._held_now(entry):
+                    raise claimed_error(checkpoint_id)
+            elif status != "pending":
+                _refuse_final(entry, checkpoint_id)
+            entry.status = "claimed"
+            entry.token = token = new_token()
+            if self._lease is not None:
+                entry.lease_until = time.monotonic() + self._lease
+            records = entry.records
+            return _new_claim(
+                checkpoint=entry.checkpoint,
+                token=token,
+                records=tuple(records.values()) if records else (),
+            )
 
     async def renew(self, checkpoint_id: str, token: str) -> None:
         """Extend the lease; raises :class:`~runlet.LeaseLostError` for a stale token."""
-        entry = self._holding(checkpoint_id, token)
-        if self._lease is not None:
-            entry.lease_until = time.monotonic() + self._lease
+        with self._lock:
+            entry = self._holding(checkpoint_id, token)
+            if self._lease is not None:
+                entry.lease_until = time.monotonic() + self._lease
 
     async def record(self, checkpoint_id: str, token: str, records: Sequence[CallRecord]) -> None:
         """Add or replace records; raises :class:`~runlet.LeaseLostError` for a stale token."""
-        entry = self._holding(checkpoint_id, token)
-        for record in records:
-            entry.records[record.tool_call_id] = record
+        with self._lock:
+            entry = self._holding(checkpoint_id, token)
+            for record in records:
+                entry.records[record.tool_call_id] = record
 
     async def resolve(
         self,
@@ -602,17 +618,19 @@ class InMemoryCheckpointStore:
     ) -> None:
         """Resolve the checkpoint and save the next one; raises
         :class:`~runlet.LeaseLostError` for a stale token."""
-        entry = self._holding(checkpoint_id, token)
-        entry.status = "resolved"
-        entry.token = None
-        entry.resolution = resolution
-        self._finish(checkpoint_id)
-        if next_checkpoint is not None:
-            self._put(next_checkpoint)
+        with self._lock:
+            entry = self._holding(checkpoint_id, token)
+            entry.status = "resolved"
+            entry.token = None
+            entry.resolution = resolution
+            self._finish(checkpoint_id)
+            if next_checkpoint is not None:
+                self._put(next_checkpoint)
 
     async def release(self, checkpoint_id: str, token: str) -> None:
         """Give the claim back; does nothing for a stale token."""
-        with contextlib.suppress(TypeError):  # an id no dict key can be: nothing to give back
+        # TypeError: an id no dict key can be, so nothing to give back.
+        with self._lock, contextlib.suppress(TypeError):
             entry = self._entries.get(checkpoint_id)
             if entry is None or entry.status != "claimed" or entry.token != token:
                 return
@@ -621,15 +639,16 @@ class InMemoryCheckpointStore:
 
     async def cancel(self, checkpoint_id: str) -> None:
         """Retire the checkpoint (see :meth:`DurableCheckpointStore.cancel`)."""
-        entry = self._entry(checkpoint_id)
-        if entry.status == "claimed" and self._held_now(entry):
-            raise cancel_claimed_error(checkpoint_id)
-        if entry.status == "resolved":
-            _refuse_final(entry, checkpoint_id)
-        if entry.status != "cancelled":
-            entry.status = "cancelled"
-            entry.token = None
-            self._finish(checkpoint_id)
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            if entry.status == "claimed" and self._held_now(entry):
+                raise cancel_claimed_error(checkpoint_id)
+            if entry.status == "resolved":
+                _refuse_final(entry, checkpoint_id)
+            if entry.status != "cancelled":
+                entry.status = "cancelled"
+                entry.token = None
+                self._finish(checkpoint_id)
 
     async def list_pending(
         self,
@@ -644,31 +663,33 @@ class InMemoryCheckpointStore:
         check_limit(limit)
         check_agent_filter(agent_name)
         check_metadata_filter(metadata)
-        start = -1 if after is None else self._cursor(after)
-        found: list[PendingRequest] = []
-        for entry in self._entries.values():  # in insertion order, which is seq order
-            if entry.seq <= start or entry.status not in ("pending", "claimed"):
-                continue
-            checkpoint = entry.checkpoint
-            if agent_name is not None and checkpoint.agent_name != agent_name:
-                continue
-            if not metadata_matches(checkpoint.metadata, metadata):
-                continue
-            found.append(PendingRequest.of(checkpoint))
-            if len(found) == limit:
-                break
-        return found
+        with self._lock:
+            start = -1 if after is None else self._cursor(after)
+            found: list[PendingRequest] = []
+            for entry in self._entries.values():  # in insertion order, which is seq order
+                if entry.seq <= start or entry.status not in ("pending", "claimed"):
+                    continue
+                checkpoint = entry.checkpoint
+                if agent_name is not None and checkpoint.agent_name != agent_name:
+                    continue
+                if not metadata_matches(checkpoint.metadata, metadata):
+                    continue
+                found.append(PendingRequest.of(checkpoint))
+                if len(found) == limit:
+                    break
+            return found
 
     async def decisions(self, run_id: str) -> Sequence[Decision]:
         """Every decision recorded for the run's checkpoints, oldest first (see
         :meth:`DurableCheckpointStore.decisions`)."""
-        # Entries and records keep the order they were first stored in.
-        return [
-            record.decision
-            for entry in self._entries.values()
-            if entry.checkpoint.run_id == run_id
-            for record in entry.records.values()
-        ]
+        with self._lock:
+            # Entries and records keep the order they were first stored in.
+            return [
+                record.decision
+                for entry in self._entries.values()
+                if entry.checkpoint.run_id == run_id
+                for record in entry.records.values()
+            ]
 
     def _finish(self, checkpoint_id: str) -> None:
         keep = self._keep

@@ -111,6 +111,11 @@ class PerLoop(dict[object, T]):
         with self._lock:
             return self.pop(anyio.lowlevel.current_token(), None)
 
+    def clear(self) -> None:
+        """Forget every loop's value (a thread may be adding its own meanwhile)."""
+        with self._lock:
+            super().clear()
+
 
 def described(exc: BaseException) -> str:
     """*exc* in a log line: its class and message."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -157,6 +158,10 @@ class SQLStore:
         self._lease = lease
         self._connections = connections
         self._entered = False
+        # Set while __aenter__ opens the store, so that a second enter meanwhile (another
+        # task, or another thread's loop) is refused rather than opening it twice.
+        self._opening = False
+        self._enter_lock = threading.Lock()
         # How many calls each event loop runs at once: one limiter per loop (by its anyio
         # token), as a limiter belongs to the loop (and backend) that made it. A store
         # shared by threads that each run a loop (a sync web framework's workers) then
@@ -210,19 +215,24 @@ class SQLStore:
         return self._lease
 
     async def __aenter__(self: S) -> S:
-        if self._entered:
-            raise ConfigurationError(f"This {self._name} is already open; enter it once.")
+        with self._enter_lock:
+            if self._entered or self._opening:
+                raise ConfigurationError(f"This {self._name} is already open; enter it once.")
+            self._opening = True
         try:
-            await to_the_end(partial(anyio.to_thread.run_sync, self._open))
-            await anyio.lowlevel.checkpoint_if_cancelled()
-        except BaseException as exc:
-            if isinstance(exc, Exception) and not is_cancellation(exc):
-                raise  # opening failed, and closed what it opened
-            # Cancelled, or Ctrl-C: the thread may have finished opening before it took
-            # effect.
-            await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
-            raise
-        self._entered = True
+            try:
+                await to_the_end(partial(anyio.to_thread.run_sync, self._open))
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except BaseException as exc:
+                if isinstance(exc, Exception) and not is_cancellation(exc):
+                    raise  # opening failed, and closed what it opened
+                # Cancelled, or Ctrl-C: the thread may have finished opening before it
+                # took effect.
+                await to_the_end(partial(anyio.to_thread.run_sync, self._disconnect))
+                raise
+            self._entered = True
+        finally:
+            self._opening = False
         return self
 
     async def __aexit__(
