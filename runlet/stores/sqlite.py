@@ -293,6 +293,18 @@ def _check_sqlite() -> None:
     _checked_sqlite.append(True)
 
 
+_SQLITE_READONLY: Final = 8  # the primary result code of every "readonly" error
+
+
+def _read_only(error: sqlite3.OperationalError) -> bool:
+    """Whether *error* is SQLite's "attempt to write a readonly database" (or another
+    SQLITE_READONLY error)."""
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return bool(code & 0xFF == _SQLITE_READONLY)
+    return "readonly" in str(error)  # pragma: no cover - Python 3.10
+
+
 class SQLiteCheckpointStore(SQLStore):
     """A :class:`~runlet.DurableCheckpointStore` in a SQLite file, shared by any number of
     processes on one machine. Use it as an async context manager::
@@ -321,7 +333,8 @@ class SQLiteCheckpointStore(SQLStore):
         ~runlet.ConfigurationError: An argument is out of range, or Python's SQLite is older
             than 3.35 or lacks its JSON functions (built in from 3.38); on entering, the
             file cannot be opened (its directory is missing, or it is not a SQLite
-            database).
+            database); on any call, the file was deleted or replaced since the store
+            opened it (open a new store once it is back).
         ~runlet.StoreSchemaError: On entering, the file holds tables of an unknown schema.
     """
 
@@ -347,11 +360,18 @@ class SQLiteCheckpointStore(SQLStore):
             )
         self._path = os.fspath(path)
         memory = self._path in ("", ":memory:")
+        # Where connections open the file: the path made absolute when the store opens,
+        # so a later os.chdir() (a daemon's, say) neither sends new connections to
+        # another file nor makes the file look deleted.
+        self._where = self._path
         super().__init__(lease=lease, connections=1 if memory else connections)
         self._busy_timeout = float(busy_timeout)
         self._idle: list[sqlite3.Connection] = []
         self._idle_lock = threading.Lock()
         self._closed = False  # set when the store closes: connections given back close
+        # The file the store opened, as (device, inode), for files (not ":memory:"): a
+        # file deleted or replaced under the store is refused (see _check_file).
+        self._file: tuple[int, int] | None = None
         self._write_lock = threading.Lock()
         # At most *connections* connections in use, whatever the event loops (each has
         # its own limiter) and threads that call: a private database has only one.
@@ -366,6 +386,8 @@ class SQLiteCheckpointStore(SQLStore):
         return self._path
 
     def _connect(self) -> None:
+        memory = self._path in ("", ":memory:")
+        self._where = self._path if memory else os.path.abspath(self._path)
         try:
             conn = self._new()
         except sqlite3.DatabaseError as exc:
@@ -378,15 +400,46 @@ class SQLiteCheckpointStore(SQLStore):
                 "directory exists and is writable, and that the file (if any) is a SQLite "
                 "database."
             ) from exc
+        if not memory:
+            try:
+                found = os.stat(self._where)
+            except OSError:  # pragma: no cover - deleted the instant it was opened
+                conn.close()
+                raise
+            self._file = (found.st_dev, found.st_ino)
         with self._idle_lock:
             self._closed = False
             self._idle.append(conn)
+
+    def _check_file(self) -> None:
+        """Refuse to go on if the database file was deleted or replaced since the store
+        opened it. The store's connections would go on reading and writing the old file,
+        which nobody else sees and which is gone once they close: a checkpoint saved
+        there would be reported as saved and then lost. A new connection would open (or
+        create) the new file at the path: another database."""
+        if self._file is None:
+            return
+        try:
+            found = os.stat(self._where)
+        except FileNotFoundError:
+            what = "was deleted"
+        else:
+            if (found.st_dev, found.st_ino) == self._file:
+                return
+            what = "was replaced by another file"
+        raise ConfigurationError(
+            f"The SQLite database {self._path!r} {what} while this store had it open, so the "
+            "store refuses to read or write it (its connections still hold the old file, "
+            "which nothing else sees); nothing was written. Put the database back at its "
+            "path (restore it from a backup if it was deleted) and open the store again: "
+            "this one stays unusable."
+        )
 
     def _new(self) -> sqlite3.Connection:
         # isolation_level=None: the store issues BEGIN / COMMIT itself. The connection
         # moves between worker threads, but only one uses it at a time (the idle list).
         conn = sqlite3.connect(
-            self._path,
+            self._where,
             timeout=self._busy_timeout,
             isolation_level=None,
             check_same_thread=False,
@@ -460,7 +513,9 @@ class SQLiteCheckpointStore(SQLStore):
 
     @contextmanager
     def _connected(self, *, write: bool, atomic: bool) -> Iterator[sqlite3.Connection]:
+        self._check_file()  # before _take(), which may connect: and so create a new file
         conn = self._take()
+        keep = True
         try:
             if write:
                 conn.execute(BEGIN_IMMEDIATE)
@@ -469,12 +524,23 @@ class SQLiteCheckpointStore(SQLStore):
             try:
                 yield conn
                 if conn.in_transaction:
+                    if write:
+                        self._check_file()  # not committed into a file that is gone
                     conn.execute(COMMIT)
             finally:
                 if conn.in_transaction:
                     conn.execute(ROLLBACK)
+        except sqlite3.OperationalError as exc:
+            # SQLite opens a file it may not write (read-only then: permissions, an
+            # immutable file, a read-only mount) read-only, and such a connection stays
+            # so when the file is writable again: a new one is opened next time.
+            keep = not _read_only(exc)
+            raise
         finally:
-            self._give(conn)
+            if keep:
+                self._give(conn)
+            else:
+                conn.close()
 
     def _filter(self, scalars: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         return {"scalars": dumps(scalars), "keys": dumps(list(keys))}
