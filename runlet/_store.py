@@ -509,7 +509,9 @@ class InMemoryCheckpointStore:
         self._forgotten: dict[str, int] = {}
         # Threads that each run a loop may share the store: every operation runs whole
         # under this lock (never across an await, so a loop never waits on it for long).
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that runs in the middle of one operation (between
+        # any two bytecodes of the main thread) may call another.
+        self._lock = threading.RLock()
 
     @property
     def lease(self) -> float | None:

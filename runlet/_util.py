@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import MemberDescriptorType, coroutine
 from typing import Any, TypeVar
 
@@ -225,25 +225,38 @@ def in_own_context(
     caller of ``run()`` or ``resume()``, nor the model or the tools after it."""
     run = (contextvars.copy_context() if context is None else context).run
     steps = awaitable.__await__()
+    if not hasattr(steps, "throw"):  # __await__ may return any iterator
+        steps = _stepped(steps)
     try:
         signal = run(steps.send, None)
     except StopIteration as stop:  # the common case: done without waiting
         return stop.value  # type: ignore[no-any-return]
-    while True:
-        error: BaseException | None = None
-        try:
-            value = yield signal
-        except GeneratorExit:
-            run(steps.close)
-            raise
-        except BaseException as exc:  # noqa: BLE001 - thrown into the awaitable
-            error = exc
-        try:
-            signal = run(steps.send, value) if error is None else run(steps.throw, error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        finally:
-            error = None  # no traceback cycle through this frame
+    try:
+        while True:
+            error: BaseException | None = None
+            try:
+                value = yield signal
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - thrown into the awaitable
+                error = exc
+            try:
+                signal = run(steps.send, value) if error is None else run(steps.throw, error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            finally:
+                error = value = None  # no cycle through this frame (trio sends outcomes)
+    except BaseException:
+        # Closed, or stopped by what the awaitable raised or by an exception that landed
+        # in this frame between two steps (trio's KeyboardInterrupt): the awaitable is not
+        # left suspended, its clean-up runs now. Closing one that finished does nothing.
+        run(steps.close)
+        raise
+
+
+def _stepped(steps: Iterator[Any]) -> typing.Generator[Any, Any, Any]:
+    """*steps*, an iterator that ``__await__`` returned, as a generator."""
+    return (yield from steps)
 
 
 def _name_of(call: Callable[..., Any]) -> str:

@@ -413,3 +413,23 @@ async def test_a_relative_path_keeps_its_file_after_a_chdir(
         assert 1 == len(payments.keys)
         assert store.path == "store.db"
     assert not (elsewhere / "store.db").exists()
+
+
+async def test_a_path_through_a_link_and_dot_dot_opens_the_file_sqlite_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "link/../store.db" is store.db beside what the link leads to, for the OS and for
+    # SQLite; made absolute by tidying the text, it would be another file.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    async with SQLiteCheckpointStore("link/../store.db") as store:
+        first = await Runtime(checkpoint_store=store).run(Payments().agent(), "Pay A-1.")
+    assert (tmp_path / "real" / "store.db").exists()
+    assert not (tmp_path / "store.db").exists()
+    other = sqlite3.connect("link/../store.db")  # any other program given the path
+    try:
+        found = other.execute("SELECT id FROM runlet_checkpoints").fetchall()
+    finally:
+        other.close()
+    assert found == [(first.checkpoint_id,)]

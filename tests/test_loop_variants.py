@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import contextvars
 import gc
+import inspect
 import logging
 import sys
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from runlet import (
     ToolContext,
     ToolSpec,
 )
+from runlet._util import in_own_context
 from runlet.stores.sqlite import SQLiteCheckpointStore
 from runlet.testing import ScriptedModel, call
 
@@ -316,6 +318,104 @@ class TestContextVariables:
         finally:
             REQUEST_ID.reset(token)
         assert result.transcript[2].content == "Tool 'fails' failed: KeyError: 'gone'"
+
+
+# -- A handler in its own context awaits as a plain await does --------------------------
+
+
+class _ReadyAtOnce:
+    """An awaitable whose ``__await__`` is a plain iterator, which ``await`` allows."""
+
+    def __await__(self) -> Any:
+        return iter(())
+
+
+class _Landed(Exception):
+    """Stands for an exception that lands in the trampoline's own frame between two
+    steps of a handler, as trio's KeyboardInterrupt can."""
+
+
+@pytest.mark.anyio
+class TestOwnContextAwaits:
+    async def test_an_awaitable_whose_await_is_a_plain_iterator(self) -> None:
+        def returns_one(arguments: Mapping[str, Any], context: ToolContext) -> Any:
+            return _ReadyAtOnce()  # a plain function may return an awaitable
+
+        async def awaits_one(arguments: Mapping[str, Any], context: ToolContext) -> str:
+            await _ReadyAtOnce()
+            return "awaited"
+
+        tools = (
+            ToolSpec("plain", "P.", OBJECT, returns_one),
+            ToolSpec("a", "A.", OBJECT, awaits_one),
+        )
+        model = ScriptedModel([call("plain"), call("a"), "Done."])
+        result = await Runtime().run(Agent("a", "b", model, tools), "Go")
+        assert [m.content for m in result.transcript if m.role == "tool"] == ["null", "awaited"]
+
+    async def test_a_cancelled_handler_leaves_no_exception_in_a_cycle(self) -> None:
+        # trio sends a waiting task its cancellation as an outcome object; kept in the
+        # trampoline's frame, it tied the exception, its traceback and the frame in a
+        # cycle that only the garbage collector frees. A plain await leaves none.
+        async def cancelled(wrap: bool) -> None:
+            for _ in range(5):
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    waiting = anyio.sleep_forever()
+                    await (in_own_context(waiting) if wrap else waiting)
+
+        async def cyclic_exceptions(wrap: bool) -> int:
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                await cancelled(wrap)
+                gc.collect()
+                return sum(isinstance(found, BaseException) for found in gc.garbage)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+
+        assert await cyclic_exceptions(True) == await cyclic_exceptions(False)
+
+    async def test_an_exception_between_two_steps_runs_the_handlers_clean_up(self) -> None:
+        log: list[str] = []
+
+        async def handler() -> None:
+            try:
+                await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
+            finally:
+                log.append("cleaned up")
+
+        code = in_own_context.__code__
+        lines, first = inspect.getsourcelines(code)
+        # The line that sends the next step: an exception lands just before it runs.
+        target = first + next(n for n, line in enumerate(lines) if "run(steps.send, value)" in line)
+        armed = [True]
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == target and armed[0]:
+                armed[0] = False
+                raise _Landed
+            return local
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            return local if frame.f_code is code else None
+
+        before = sys.gettrace()  # coverage's, when it measures
+        sys.settrace(tracer)
+        landed: list[list[str]] = []
+        try:
+            await in_own_context(handler())
+        except _Landed:
+            # Checked while the exception, and so the trampoline's frame, is alive: not
+            # when the frame goes and the suspended handler is collected with it.
+            landed.append(list(log))
+        finally:
+            sys.settrace(before)
+        assert landed == [["cleaned up"]]
 
 
 # -- asyncio's eager task factory and debug mode ----------------------------------------

@@ -29,6 +29,7 @@ import pytest
 from runlet import (
     Agent,
     CheckpointClaimedError,
+    CheckpointNotFoundError,
     ConfigurationError,
     DurableCheckpointStore,
     HumanResponse,
@@ -567,3 +568,28 @@ def test_a_sqlite_store_closed_by_one_thread_while_another_resumes(
             return stored.status, [(r.decision.action, r.result) for r in stored.records]
 
     assert anyio.run(status) == ("claimed", [("approve", None)])
+
+
+def test_the_in_memory_store_may_be_called_again_while_it_works() -> None:
+    # A signal handler runs between any two bytecodes of the main thread, also in the
+    # middle of a store operation, and may call the store (len(), a listing). Here the
+    # id's hash calls it, at the same place. A plain lock would wait for itself forever.
+    store = InMemoryCheckpointStore()
+
+    class CallsBack(str):
+        def __hash__(self) -> int:
+            seen.append(len(store))
+            return str.__hash__(self)
+
+    seen: list[int] = []
+
+    def target() -> None:
+        async def main() -> None:
+            assert CallsBack("cp-1") not in store
+            with pytest.raises(CheckpointNotFoundError):
+                await store.get(CallsBack("cp-1"))
+
+        anyio.run(main)
+
+    assert _in_threads(target) == []
+    assert seen == [0, 0]

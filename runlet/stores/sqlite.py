@@ -387,7 +387,8 @@ class SQLiteCheckpointStore(SQLStore):
 
     def _connect(self) -> None:
         memory = self._path in ("", ":memory:")
-        self._where = self._path if memory else os.path.abspath(self._path)
+        # Joined, not normalised: "link/../db" is where the link leads, as for SQLite.
+        self._where = self._path if memory else os.path.join(os.getcwd(), self._path)
         try:
             conn = self._new()
         except sqlite3.DatabaseError as exc:
@@ -421,7 +422,7 @@ class SQLiteCheckpointStore(SQLStore):
             return
         try:
             found = os.stat(self._where)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             what = "was deleted"
         else:
             if (found.st_dev, found.st_ino) == self._file:
