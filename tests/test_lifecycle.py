@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from _threads import JOIN, in_threads
 from anyio import wait_all_tasks_blocked
 from anyio.from_thread import start_blocking_portal
 from conftest import BACKENDS
@@ -42,7 +42,6 @@ from runlet.stores.sqlite import SQLiteCheckpointStore
 from runlet.testing import ScriptedModel, call
 
 REPO = Path(__file__).resolve().parent.parent
-JOIN = 60.0  # seconds a thread gets before the test calls it a hang (a loaded CI machine)
 
 
 async def _pay(arguments: Any, context: Any) -> str:
@@ -58,28 +57,6 @@ def _agent() -> Agent:
 
 def _other(backend: str) -> str:
     return "trio" if backend == "asyncio" else "asyncio"
-
-
-def _in_threads(*targets: Callable[[], None]) -> list[BaseException]:
-    """Run each target in its own thread; return what they raised. A thread still alive
-    after JOIN seconds fails the test (the code under test hung)."""
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(t,), daemon=True) for t in targets]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + JOIN
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    hung = [thread.name for thread in threads if thread.is_alive()]
-    assert not hung, f"threads {hung} hung: a store call never woke up"
-    return errors
 
 
 # -- 1. One open SQL store, several event loops in several threads ---------------------
@@ -136,7 +113,7 @@ def _two_loops_contend(backend: str, store: Any) -> None:
         b_waits.wait(JOIN)
         let_go.set()
 
-    errors = _in_threads(a, b, release)
+    errors = in_threads(a, b, release)
     assert [] == errors
     assert ["answered"] == loaded
 
@@ -185,7 +162,7 @@ def test_many_requests_from_many_loops_share_one_sqlite_store(backend: str, tmp_
         anyio.run(requests, backend=backend)
 
     try:
-        assert [] == _in_threads(*[worker] * 8)
+        assert [] == in_threads(*[worker] * 8)
     finally:
         _close_in(backend, store)
 

@@ -14,8 +14,7 @@ import os
 import queue
 import sys
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import anyio.from_thread
 import anyio.to_thread
 import attrs
 import pytest
+from _threads import JOIN, in_threads
 
 from runlet import (
     Agent,
@@ -44,32 +44,9 @@ from runlet import (
 from runlet.stores.sqlite import SQLiteCheckpointStore
 from runlet.testing import ScriptedModel, call
 
-JOIN = 60.0  # seconds a thread gets before the test calls it a hang (a loaded CI machine)
 THREADS = 8
 ROUNDS = 12  # round trips per thread
 SHARED_EVERY = 4  # every so many rounds, all threads resume one checkpoint at once
-
-
-def _in_threads(*targets: Callable[[], None]) -> list[BaseException]:
-    """Run each target in its own thread; return what they raised. A thread still alive
-    after JOIN seconds fails the test (the code under test hung)."""
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(t,), daemon=True) for t in targets]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + JOIN
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    hung = [thread.name for thread in threads if thread.is_alive()]
-    assert not hung, f"threads {hung} hung"
-    return errors
 
 
 def _backend(number: int) -> str:
@@ -239,7 +216,7 @@ def test_threads_on_both_backends_share_one_sqlite_store_and_run_each_approval_o
     runtime = Runtime(checkpoint_store=store)
     anyio.run(store.__aenter__)
     shared = Shared(Ledger())
-    errors = _in_threads(*(lambda n=n: _stress_thread(n, runtime, shared) for n in range(THREADS)))
+    errors = in_threads(*(lambda n=n: _stress_thread(n, runtime, shared) for n in range(THREADS)))
     _check_stress(shared, errors)
     assert anyio.run(store.list_pending) == []
     anyio.run(store.__aexit__, None, None, None, backend="trio")
@@ -249,7 +226,7 @@ def test_threads_on_both_backends_share_one_sqlite_store_and_run_each_approval_o
 def test_threads_on_both_backends_share_one_in_memory_store_and_run_each_approval_once() -> None:
     runtime = Runtime(checkpoint_store=InMemoryCheckpointStore())
     shared = Shared(Ledger())
-    errors = _in_threads(*(lambda n=n: _stress_thread(n, runtime, shared) for n in range(THREADS)))
+    errors = in_threads(*(lambda n=n: _stress_thread(n, runtime, shared) for n in range(THREADS)))
     _check_stress(shared, errors)
     assert anyio.run(runtime.checkpoint_store.list_pending) == []  # type: ignore[union-attr]
 
@@ -281,7 +258,7 @@ def test_a_loop_per_request_in_a_thread_pool_shares_one_sqlite_store(tmp_path: P
             )
 
     try:
-        errors = _in_threads(*(lambda n=n: requests(n) for n in range(THREADS)))
+        errors = in_threads(*(lambda n=n: requests(n) for n in range(THREADS)))
         assert not errors, errors
         assert len(done) == THREADS * 10
         assert all(r.output == "Paid." for r in done)
@@ -324,7 +301,7 @@ def test_the_in_memory_store_lists_while_other_threads_save_and_finish() -> None
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # switch threads often, as a busy server does
     try:
-        errors = _in_threads(saver, lister)
+        errors = in_threads(saver, lister)
     finally:
         sys.setswitchinterval(interval)
     assert not errors, errors
@@ -396,7 +373,7 @@ def test_threads_entering_one_sqlite_store_at_once_open_it_once(tmp_path: Path) 
 
         anyio.run(main, backend="trio")
 
-    assert _in_threads(first, second) == []
+    assert in_threads(first, second) == []
     assert sorted(outcomes) == ["entered", "refused"]
 
 
@@ -555,7 +532,7 @@ def test_a_sqlite_store_closed_by_one_thread_while_another_resumes(
         anyio.run(store.__aexit__, None, None, None, backend=backend)
         go_on.set()
 
-    assert _in_threads(resume, close) == []
+    assert in_threads(resume, close) == []
     (error,) = raised
     assert isinstance(error.__cause__, ConfigurationError)
     assert "not open" in str(error.__cause__)
@@ -591,5 +568,5 @@ def test_the_in_memory_store_may_be_called_again_while_it_works() -> None:
 
         anyio.run(main)
 
-    assert _in_threads(target) == []
+    assert in_threads(target) == []
     assert seen == [0, 0]
