@@ -250,6 +250,7 @@ def in_own_context(
         # Closed, or stopped by what the awaitable raised or by an exception that landed
         # in this frame between two steps (trio's KeyboardInterrupt): the awaitable is not
         # left suspended, its clean-up runs now. Closing one that finished does nothing.
+        signal = None  # what it waited on keeps nothing of this frame alive
         run(steps.close)
         raise
 
