@@ -94,7 +94,7 @@ def pyproject() -> dict[str, Any]:
 
 def test_lowest_constraints_pin_every_runtime_dependency_to_its_lower_bound() -> None:
     assert [
-        "anyio==4.7",
+        "anyio==4.8",
         "attrs==24.1",
         "cattrs==24.1",
         "jsonschema-rs==0.29",
