@@ -21,6 +21,7 @@ Examples use :class:`runlet.testing.ScriptedModel`, so they need no network.
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import re
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _parsing import parse_python
 
 import runlet
 import runlet.testing
@@ -138,7 +140,7 @@ async def test_examples_run(
 
 @pytest.mark.parametrize("page", PAGES)
 def test_examples_assert_outcomes(page: str) -> None:
-    tree = ast.parse(example_source(page))
+    tree = parse_python(example_source(page))
     asserts = [node for node in ast.walk(tree) if isinstance(node, ast.Assert)]
     assert len(asserts) >= 3, f"{page} shows no outcomes; add assert statements"
 
@@ -149,3 +151,29 @@ def test_api_page_lists_every_public_name() -> None:
     expected = {f"runlet.{name}" for name in runlet.__all__}
     expected |= {f"runlet.testing.{name}" for name in runlet.testing.__all__}
     assert expected - documented == set()
+
+
+class _ParsesWhenCollected:
+    """Garbage (a reference cycle) whose finalizer parses Python, as a traceback log does."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        ast.parse("total = (1 + 2) * 3")
+
+
+def test_a_collection_during_a_parse_cannot_break_it() -> None:
+    # On Python 3.11, ast.parse raises SystemError here; parse_python must not.
+    source = "".join(f"def f{i}(a):\n    return [a + {i} for _ in range(3)]\n" for i in range(2000))
+    threshold = gc.get_threshold()
+    gc.set_threshold(10)
+    try:
+        for _ in range(5):
+            for _ in range(50):
+                _ParsesWhenCollected()
+            tree = parse_python(source)
+            assert len(tree.body) == 2000
+    finally:
+        gc.set_threshold(*threshold)
+        gc.collect()

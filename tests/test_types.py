@@ -16,6 +16,7 @@ import attrs
 import cattrs
 import jsonschema_rs
 import pytest
+from _parsing import parse_python
 
 import runlet
 import runlet.testing
@@ -507,7 +508,7 @@ class TestPublicSurface:
             parts = path.relative_to(root.parent).with_suffix("").parts
             module_name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             module = importlib.import_module(module_name)
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parse_python(path.read_text(encoding="utf-8"))):
                 if not isinstance(node, ast.Raise) or node.exc is None:
                     continue
                 target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
