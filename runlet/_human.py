@@ -7,7 +7,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import attrs
 
@@ -84,9 +84,29 @@ class HumanOption:
     description: str | None = None
 
 
-@attrs.frozen
+class _Unset:
+    """A default that stands for "not given" and says what happens then."""
+
+    __slots__ = ("_text",)
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+_REQUIRED: Any = _Unset("<required>")
+_NOW: Any = _Unset("<now>")
+
+
+@attrs.frozen(init=False)
 class HumanRequest:
     """What a run asks a person. Render it; answer it with a :class:`HumanResponse`.
+
+    The run makes these; an application builds one only for tests or a store of its own.
+    ``tool_call`` is required and may be given by position after ``options``
+    (``HumanRequest(id, kind, prompt, options, call)``) or by name.
 
     Attributes:
         id: Unique per interruption; the response's ``request_id`` must repeat it.
@@ -114,6 +134,62 @@ class HumanRequest:
     created_at: datetime = attrs.field(kw_only=True, factory=utc_now)
     expires_at: datetime | None = attrs.field(kw_only=True, default=None)
     outcome_unknown: bool = attrs.field(kw_only=True, default=False)
+
+    @overload
+    def __init__(
+        self,
+        id: str,
+        kind: HumanRequestKind,
+        prompt: str,
+        options: tuple[HumanOption, ...],
+        tool_call: ToolCall,
+        *,
+        created_at: datetime = ...,
+        expires_at: datetime | None = None,
+        outcome_unknown: bool = False,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        id: str,
+        kind: HumanRequestKind,
+        prompt: str,
+        options: tuple[HumanOption, ...] = (),
+        *,
+        tool_call: ToolCall,
+        created_at: datetime = ...,
+        expires_at: datetime | None = None,
+        outcome_unknown: bool = False,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        id: str,
+        kind: HumanRequestKind,
+        prompt: str,
+        options: tuple[HumanOption, ...] = (),
+        tool_call: ToolCall = _REQUIRED,
+        *,
+        created_at: datetime = _NOW,
+        expires_at: datetime | None = None,
+        outcome_unknown: bool = False,
+    ) -> None:
+        if tool_call is _REQUIRED:
+            raise TypeError(
+                "HumanRequest() needs tool_call, the ToolCall that raised the request "
+                "(after options, or as tool_call=...)."
+            )
+        self.__attrs_init__(
+            id,
+            kind,
+            prompt,
+            options,
+            tool_call=tool_call,
+            created_at=utc_now() if created_at is _NOW else created_at,
+            expires_at=expires_at,
+            outcome_unknown=outcome_unknown,
+        )
 
 
 def _check_action(_: object, __: attrs.Attribute[HumanAction], action: object) -> None:

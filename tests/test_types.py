@@ -9,6 +9,7 @@ import importlib
 import inspect
 import typing
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,39 @@ class TestRunResult:
         assert result.pending_requests == ()
         assert result.decisions == ()
         assert result != attrs.evolve(result, pending_requests=(request,))
+
+
+class TestHumanRequest:
+    def test_tool_call_may_be_given_by_position_or_by_name(self) -> None:
+        call_ = ToolCall("c1", "pay", {"amount": 5})
+        when = datetime(2026, 1, 2, tzinfo=timezone.utc)
+        by_position = runlet.HumanRequest("r1", "approval", "Pay?", (), call_, created_at=when)
+        by_name = runlet.HumanRequest("r1", "approval", "Pay?", tool_call=call_, created_at=when)
+        assert by_position == by_name
+        assert by_position.tool_call is call_
+        assert (by_position.options, by_position.expires_at) == ((), None)
+        assert not by_position.outcome_unknown
+
+    def test_without_a_tool_call_it_is_refused(self) -> None:
+        with pytest.raises(TypeError, match="needs tool_call"):
+            runlet.HumanRequest("r1", "approval", "Pay?")  # type: ignore[call-overload]
+
+    def test_created_at_defaults_to_now_in_utc(self) -> None:
+        before = datetime.now(timezone.utc)
+        request = runlet.HumanRequest("r1", "input", "Name?", tool_call=ToolCall("c", "t"))
+        assert before <= request.created_at <= datetime.now(timezone.utc)
+        assert request.created_at.tzinfo is not None
+
+    def test_evolve_keeps_every_other_field(self) -> None:
+        request = runlet.HumanRequest(
+            "r1", "approval", "Pay?", tool_call=ToolCall("c", "t"), outcome_unknown=True
+        )
+        changed = attrs.evolve(request, prompt="Pay now?")
+        assert (changed.prompt, changed.created_at, changed.outcome_unknown) == (
+            "Pay now?",
+            request.created_at,
+            True,
+        )
 
 
 class TestToolSpec:
@@ -502,6 +536,8 @@ class TestPublicSurface:
             "runlet.providers._http": {ValueError},
             # The read-only dict refuses changes as Python's own read-only mappings do.
             "runlet._util": {TypeError},
+            # HumanRequest() without tool_call: Python's own error for a missing argument.
+            "runlet._human": {TypeError},
         }
         root = Path(runlet.__file__).parent
         for path in sorted(root.rglob("*.py")):

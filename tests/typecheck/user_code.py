@@ -16,6 +16,7 @@ from runlet import (
     Claim,
     Decision,
     DurableCheckpointStore,
+    HumanRequest,
     HumanResponse,
     Interrupted,
     Message,
@@ -251,3 +252,12 @@ def every_public_data_class_unstructures(
 
 class TestMyStore(store_conformance_tests(fresh_store)):  # type: ignore[misc]  # mypy refuses any computed base class; pyright takes it
     async def test_extra(self) -> None: ...
+
+
+def requests_for_a_store_test(made: ToolCall) -> list[HumanRequest]:
+    # tool_call by position after options, or by name; never left out.
+    HumanRequest("r0", "approval", "Pay?")  # type: ignore[call-overload]
+    return [
+        HumanRequest("r1", "approval", "Pay?", (), made),
+        HumanRequest("r2", "approval", "Pay?", tool_call=made, outcome_unknown=True),
+    ]
