@@ -359,7 +359,7 @@ class SQLiteCheckpointStore(SQLStore):
                 f"path must be the database file's path (a str or a Path), not {path!r}."
             )
         self._path = os.fspath(path)
-        memory = self._path in ("", ":memory:")
+        self._memory = memory = self._path in ("", ":memory:")
         # Where connections open the file: the path made absolute when the store opens,
         # so a later os.chdir() (a daemon's, say) neither sends new connections to
         # another file nor makes the file look deleted.
@@ -386,7 +386,7 @@ class SQLiteCheckpointStore(SQLStore):
         return self._path
 
     def _connect(self) -> None:
-        memory = self._path in ("", ":memory:")
+        memory = self._memory
         # Joined, not normalised: "link/../db" is where the link leads, as for SQLite.
         self._where = self._path if memory else os.path.join(os.getcwd(), self._path)
         try:
