@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from _files import needs_proc, open_files_under
 from _threads import JOIN, in_threads
 from anyio import wait_all_tasks_blocked
 from anyio.from_thread import start_blocking_portal
@@ -243,18 +244,7 @@ async def test_a_closed_sqlite_store_says_so_and_closes_twice(tmp_path: Path) ->
             await store.load("x")
 
 
-def _open_files_under(folder: Path) -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        count += target.startswith(str(folder))
-    return count
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+@needs_proc
 @pytest.mark.anyio
 async def test_closing_the_sqlite_store_during_a_call_leaves_no_connection_open(
     tmp_path: Path,
@@ -281,7 +271,7 @@ async def test_closing_the_sqlite_store_during_a_call_leaves_no_connection_open(
         await anyio.to_thread.run_sync(inside.wait)
         await store.__aexit__(None, None, None)
         go_on.set()
-    assert 0 == _open_files_under(tmp_path)
+    assert 0 == open_files_under(tmp_path)
 
 
 # -- 4. Ctrl-C while a resume waits for its store in a worker thread ---------------------

@@ -10,7 +10,6 @@ of the code under test, not a slow machine.
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import sys
 import threading
@@ -24,6 +23,7 @@ import anyio.from_thread
 import anyio.to_thread
 import attrs
 import pytest
+from _files import needs_proc, open_files_under
 from _threads import JOIN, in_threads
 
 from runlet import (
@@ -52,17 +52,6 @@ SHARED_EVERY = 4  # every so many rounds, all threads resume one checkpoint at o
 def _backend(number: int) -> str:
     """Half the threads run asyncio, the other half trio."""
     return "trio" if number % 2 else "asyncio"
-
-
-def _open_files_under(folder: Path) -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        count += target.startswith(str(folder))
-    return count
 
 
 class Ledger:
@@ -206,7 +195,7 @@ def _check_stress(shared: Shared, errors: list[BaseException]) -> None:
     assert sum(runs.values()) == len(shared.approved) + len(shared.at_once)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+@needs_proc
 def test_threads_on_both_backends_share_one_sqlite_store_and_run_each_approval_once(
     tmp_path: Path,
 ) -> None:
@@ -220,7 +209,7 @@ def test_threads_on_both_backends_share_one_sqlite_store_and_run_each_approval_o
     _check_stress(shared, errors)
     assert anyio.run(store.list_pending) == []
     anyio.run(store.__aexit__, None, None, None, backend="trio")
-    assert _open_files_under(tmp_path) == 0  # no connection left open by any thread
+    assert open_files_under(tmp_path) == 0  # no connection left open by any thread
 
 
 def test_threads_on_both_backends_share_one_in_memory_store_and_run_each_approval_once() -> None:
@@ -493,7 +482,7 @@ async def test_a_sync_handler_reads_the_store_through_its_loop(
         assert record.result.content == "paid"
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+@needs_proc
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_sqlite_store_closed_by_one_thread_while_another_resumes(
     backend: str, tmp_path: Path
@@ -537,7 +526,7 @@ def test_a_sqlite_store_closed_by_one_thread_while_another_resumes(
     assert isinstance(error.__cause__, ConfigurationError)
     assert "not open" in str(error.__cause__)
     assert len(keys) == 1
-    assert _open_files_under(tmp_path) == 0
+    assert open_files_under(tmp_path) == 0
 
     async def status() -> tuple[str, Any]:
         async with SQLiteCheckpointStore(tmp_path / "c.db") as again:
