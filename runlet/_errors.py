@@ -42,6 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._human import Decision
     from ._messages import ToolResult
     from ._store import Resolution
 
@@ -211,6 +212,11 @@ class HumanResponseConflictError(HumanResponseError):
             it, or to get the stored result again). ``None`` otherwise: the request was
             answered differently (the first accepted answer is final), or the run was
             cancelled.
+        decision: The recorded :class:`~runlet.Decision` the response conflicts with
+            (the first accepted answer: its ``action``, ``responded_by``, ``decided_at``
+            and ``checkpoint_id``), so an interface can show who decided and when.
+            ``None`` when no answer to the request is on record (a wrong request id, or a
+            request the run left open or cancelled).
     """
 
     def __init__(
@@ -220,11 +226,13 @@ class HumanResponseConflictError(HumanResponseError):
         checkpoint_id: str,
         request_id: str | None = None,
         next_checkpoint_id: str | None = None,
+        decision: Decision | None = None,
     ) -> None:
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
         self.request_id = request_id
         self.next_checkpoint_id = next_checkpoint_id
+        self.decision = decision
 
 
 class HumanRequestExpiredError(HumanResponseError):

@@ -540,12 +540,17 @@ def _check_same(
     """The first accepted answer is final: refuse a different one."""
     if not recorded.same_answer(given):
         raise HumanResponseConflictError(
-            f"Request {request.id!r} was already answered with {recorded.action!r} (by "
-            f"{recorded.responded_by or 'an earlier resume'}); the first accepted answer is "
-            "final. Resume with that same response to continue.",
+            f"Request {request.id!r} was already answered {_by(recorded)}; the first "
+            "accepted answer is final. Resume with that same response to continue.",
             checkpoint_id=checkpoint.id,
             request_id=request.id,
+            decision=recorded,
         )
+
+
+def _by(decision: Decision) -> str:
+    """How a conflict names the first accepted answer: what it was, and who gave it."""
+    return f"with {decision.action!r} (by {decision.responded_by or 'an earlier resume'})"
 
 
 def _refuse_conflicts(
@@ -928,6 +933,15 @@ async def _repeat(
         later = resolution.result.checkpoint_id
         if decision is None and later is not None:  # perhaps decided, or open, later on
             raise await _not_decided_here(loop, store, checkpoint_id, response, later)
+        if decision is not None:  # this checkpoint's resume answered it differently
+            raise HumanResponseConflictError(
+                f"Request {decision.request_id!r} was already answered {_by(decision)}, and "
+                f"checkpoint {checkpoint_id!r} was resolved with that answer; the first "
+                "accepted answer is final. Repeat that response to get its result again.",
+                checkpoint_id=checkpoint_id,
+                request_id=decision.request_id,
+                decision=decision,
+            )
         raise HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was already resolved with other answers (the first "
             "accepted answer is final). Repeat the original response to get its result "
@@ -943,12 +957,12 @@ def _decided_before(
 ) -> HumanResponseConflictError:
     """The error for a response to a request an earlier checkpoint of the run decided."""
     return HumanResponseConflictError(
-        f"Request {decision.request_id!r} was already answered with {decision.action!r} (by "
-        f"{decision.responded_by or 'an earlier resume'}) at checkpoint "
-        f"{decision.checkpoint_id!r}, before checkpoint {checkpoint.id!r}; the first "
-        f"accepted answer is final.{hint}",
+        f"Request {decision.request_id!r} was already answered {_by(decision)} at "
+        f"checkpoint {decision.checkpoint_id!r}, before checkpoint {checkpoint.id!r}; the "
+        f"first accepted answer is final.{hint}",
         checkpoint_id=checkpoint.id,
         request_id=decision.request_id,
+        decision=decision,
     )
 
 
@@ -969,13 +983,16 @@ async def _not_decided_here(
     decided, and say so."""
     request_id = response.request_id
 
-    def conflict(what: str, next_checkpoint_id: str | None = None) -> HumanResponseError:
+    def conflict(
+        what: str, next_checkpoint_id: str | None = None, decision: Decision | None = None
+    ) -> HumanResponseError:
         return HumanResponseConflictError(
             f"Checkpoint {checkpoint_id!r} was resolved without an answer to request "
             f"{request_id!r}; {what}",
             checkpoint_id=checkpoint_id,
             request_id=request_id,
             next_checkpoint_id=next_checkpoint_id,
+            decision=decision,
         )
 
     where = later
@@ -1012,11 +1029,13 @@ async def _not_decided_here(
                 f"this same response was accepted at checkpoint {where!r}. Resume that "
                 "checkpoint with it to get its result again.",
                 where,
+                decided,
             )
         if decided is not None:
             return conflict(
-                f"it was answered differently at checkpoint {where!r}, and the first accepted "
-                "answer is final."
+                f"it was answered {_by(decided)} at checkpoint {where!r}, and the first "
+                "accepted answer is final.",
+                decision=decided,
             )
         next_id = resolution.result.checkpoint_id
         if next_id is None:

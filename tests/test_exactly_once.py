@@ -228,7 +228,8 @@ async def test_the_first_accepted_answer_is_final_even_before_the_resume_finishe
     def down(request: runlet.ModelRequest) -> str:
         raise OSError("model is down")
 
-    rt, agent, payments, _, first = await refund_run(script=[down, "Done."])
+    store = InMemoryCheckpointStore()
+    rt, agent, payments, _, first = await refund_run(store=store, script=[down, "Done."])
     with pytest.raises(runlet.ModelError):
         await rt.resume(agent, checkpoint_id=cp(first), response=approve(first))
 
@@ -243,6 +244,8 @@ async def test_the_first_accepted_answer_is_final_even_before_the_resume_finishe
         info.value.request_id,
         info.value.next_checkpoint_id,
     )
+    [recorded] = await store.decisions(first.run_id)  # who decided, and when
+    assert recorded == info.value.decision
     assert 1 == len(payments.attempts)
 
 
@@ -356,13 +359,16 @@ async def test_a_repeat_that_differs_in_any_field_is_a_conflict(
         agent, checkpoint_id=cp(first), response=HumanResponse(request_id, **fields)
     )
 
-    with pytest.raises(HumanResponseConflictError, match="already resolved with other answers"):
+    with pytest.raises(HumanResponseConflictError, match="was already answered with") as raised:
         await rt.resume(
             agent,
             checkpoint_id=cp(first),
             response=HumanResponse(request_id, **{"action": "approve", **repeated}),
         )
 
+    # It says who gave the first answer, so an interface can show who decided.
+    assert (done.decisions[-1], request_id) == (raised.value.decision, raised.value.request_id)
+    assert f"(by {fields.get('responded_by') or 'an earlier resume'})" in str(raised.value)
     assert done == await rt.resume(
         agent, checkpoint_id=cp(first), response=HumanResponse(request_id, **fields)
     )
@@ -1555,11 +1561,17 @@ async def test_a_request_answered_one_hop_at_a_time_is_followed_to_where_it_wait
             # its result; a different one is refused for good.
             with pytest.raises(HumanResponseConflictError, match="same response") as info:
                 await rt.resume(agent, checkpoint_id=cp(where), response=c_ok)
-            assert cp(r3) == info.value.next_checkpoint_id
+            assert (cp(r3), r4.decisions[-1]) == (
+                info.value.next_checkpoint_id,
+                info.value.decision,
+            )
             no = HumanResponse(c.id, "reject")
-            with pytest.raises(HumanResponseConflictError, match="differently") as info:
+            with pytest.raises(
+                HumanResponseConflictError, match=r"answered with 'approve' \(by an earlier"
+            ) as info:
                 await rt.resume(agent, checkpoint_id=cp(where), response=no)
             assert info.value.next_checkpoint_id is None
+            assert r4.decisions[-1] == info.value.decision  # who decided, and when
         assert r4 == await rt.resume(agent, checkpoint_id=cp(r3), response=c_ok)
         assert ["a", "b", "c"] == sorted(payments.paid.values())
     elif end == "cancelled":
@@ -2796,17 +2808,20 @@ async def test_another_answer_to_a_resolved_checkpoint_is_a_conflict_where_ever_
 
     with pytest.raises(
         HumanResponseConflictError,
-        match=r"resolved with other answers \(the first accepted answer is final\)\. Repeat",
+        match=r"answered with 'approve' \(by an earlier resume\), and checkpoint '[^']+' was "
+        r"resolved with that answer; the first accepted answer is final\. Repeat",
     ) as info:
         await rt.resume(
             agent, checkpoint_id=cp(first), response=HumanResponse(request_id, "reject")
         )
     assert (request_id, None) == (info.value.request_id, info.value.next_checkpoint_id)
+    assert done.decisions[0] == info.value.decision
     if not went_on:  # an id the run never asked: nowhere else to look
-        with pytest.raises(HumanResponseConflictError, match="already resolved with other"):
+        with pytest.raises(HumanResponseConflictError, match="already resolved with other") as info:
             await rt.resume(
                 agent, checkpoint_id=cp(first), response=HumanResponse("req_other", "approve")
             )
+        assert info.value.decision is None  # no answer to that id is on record
     assert ["1"] == list(payments.paid.values())
 
 
@@ -2825,8 +2840,9 @@ async def test_an_answer_decided_at_an_earlier_checkpoint_says_by_whom_and_where
         rf"'{cp(r1)}', before checkpoint '{cp(r2)}'; the first accepted answer is final\. "
         rf"It is waiting on request '{b.id}': answer only that\."
     )
-    with pytest.raises(HumanResponseConflictError, match=expected):
+    with pytest.raises(HumanResponseConflictError, match=expected) as info:
         await rt.resume(agent, checkpoint_id=cp(r2), response=answer)
+    assert r2.decisions[0] == info.value.decision
     done = await rt.resume(agent, checkpoint_id=cp(r2), response=HumanResponse(b.id, "reject"))
     assert "completed" == done.status
     # Once the later checkpoint is resolved too, the same error, with nothing left to answer.

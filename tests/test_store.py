@@ -340,13 +340,13 @@ async def test_a_resolved_checkpoint_answers_a_repeat_with_the_stored_result() -
 
     assert result == await rt.resume(agent, checkpoint_id=checkpoint_id, response=response)
 
-    with pytest.raises(runlet.HumanResponseConflictError, match="already resolved") as info:
+    with pytest.raises(runlet.HumanResponseConflictError, match="already answered") as info:
         await rt.resume(
             agent,
             checkpoint_id=checkpoint_id,
             response=HumanResponse(response.request_id, "reject"),
         )
-    assert checkpoint_id == info.value.checkpoint_id
+    assert (checkpoint_id, result.decisions[0]) == (info.value.checkpoint_id, info.value.decision)
     assert ["1"] == handler.calls
 
 
