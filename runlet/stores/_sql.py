@@ -706,7 +706,7 @@ def _pages(
     while True:
         rows = conn.execute(statement, {**params, "after": start}).fetchall()
         for _, checkpoint_id, metadata, data in rows:
-            if wanted and by_column and not metadata_matches(_json(metadata, "metadata"), wanted):
+            if wanted and by_column and not metadata_matches(_column(metadata), wanted):
                 continue
             try:
                 checkpoint = _checkpoint(data)
@@ -718,7 +718,8 @@ def _pages(
                     f"runtime.cancel({checkpoint_id!r}) (or store.delete(...) to forget it).",
                     path=exc.path,
                 ) from exc
-            if by_column or metadata_matches(checkpoint.metadata, wanted):
+            # The column may match where the run's own metadata does not (see _column).
+            if metadata_matches(checkpoint.metadata, wanted):
                 found.append(PendingRequest.of(checkpoint))
                 if len(found) == limit:
                     return found
@@ -854,12 +855,47 @@ def _records(rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> tuple[C
     return tuple(structure(_json(row[0], "record"), CallRecord, what="record") for row in rows)
 
 
-def _json(text: Any, what: str) -> Any:
+class _Whole:
+    """A whole number read from the metadata column, which may have been a float: a
+    database that keeps JSON numbers as decimals (PostgreSQL's ``jsonb``) writes the float
+    ``1e23`` back as ``100000000000000000000000``, and ``2.0**70`` (written
+    ``1.1805916207174113e+21``) as ``1180591620717411300000``. Equal to what either
+    reading is equal to, so the column never hides a match; the run's own metadata then
+    decides."""
+
+    __slots__ = ("exact", "near")
+
+    def __init__(self, text: str) -> None:
+        self.exact = int(text)
+        self.near = float(text)  # the float it was written from, if it was one
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.exact == other or self.near == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# Whole numbers up to this size are the same as an int and as a float.
+_EXACT_FLOAT: Final = 2**53
+
+
+def _whole(text: str) -> int | _Whole:
+    value = int(text)
+    return value if -_EXACT_FLOAT < value < _EXACT_FLOAT else _Whole(text)
+
+
+def _column(text: Any) -> Any:
+    """The metadata column's JSON, for the pre-filter in Python: it may match more than
+    the run's own metadata (see :class:`_Whole`), never less."""
+    return _json(text, "metadata", _whole)
+
+
+def _json(text: Any, what: str, parse_int: Callable[[str], Any] | None = None) -> Any:
     """The data of a stored JSON column: a row that is not JSON (cut short, emptied, or
     written by something else) is a CheckpointSerializationError, like any stored data
     that is not what Runlet wrote."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=parse_int)
     except (TypeError, ValueError) as exc:
         raise CheckpointSerializationError(
             f"The stored {what} is not JSON ({exc}): it was cut short or written by "

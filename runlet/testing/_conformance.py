@@ -1118,6 +1118,30 @@ def store_conformance_tests(
             assert await ids({"n": [False, 0]}) == ["cp_2"]
             assert await ids({"n": [False, False]}) == []
 
+        async def test_a_metadata_filter_finds_every_float_as_it_was_given(
+            self, store: DurableCheckpointStore
+        ) -> None:
+            # A database that keeps JSON numbers as decimals (PostgreSQL's jsonb) gives
+            # 1e23 back as the integer 10**23, which is not the float 1e23; 2.0**70 is
+            # written 1.1805916207174113e+21, which is not 2**70 either. Each run's float
+            # must still be found by that same float, and only by it.
+            floats = [1e23, 2.0**70, -1e300, 1.7976931348623157e308, 1e16, 0.1, 5e-324]
+            for n, value in enumerate(floats):
+                nested = {"amount": value, "deep": {"v": [value]}}
+                await store.save(sample_checkpoint(f"cp_{n}", metadata=nested))
+            await store.save(sample_checkpoint("cp_int", metadata={"amount": 10**23}))
+
+            async def ids(wanted: dict[str, Any]) -> list[str]:
+                found = await store.list_pending(metadata=wanted)
+                return [item.checkpoint_id for item in found]
+
+            for n, value in enumerate(floats):
+                assert await ids({"amount": value}) == [f"cp_{n}"], value
+                assert await ids({"deep": {"v": [value]}}) == [f"cp_{n}"], value
+            assert await ids({"amount": 10**23}) == ["cp_int"]  # not the float 1e23
+            assert await ids({"amount": 2**70}) == ["cp_1"]  # one number, as in JSON
+            assert await ids({"amount": 1e16}) == ["cp_4"]
+
         async def test_a_metadata_filter_takes_tuples_and_lists_as_arrays(
             self, store: DurableCheckpointStore
         ) -> None:
