@@ -231,6 +231,31 @@ class TestComplete:
             },
         ]
 
+    async def test_a_tool_result_with_no_text_says_so(self, server: ModelServer) -> None:
+        # The API refuses an empty tool_result (400), as a tool with no output makes one.
+        server.reply(Reply(json=anthropic_message("Done.")))
+        calls = tuple(ToolCall(f"t{n}", "weather", {}) for n in range(3))
+        transcript = (
+            Message.user("Go."),
+            Message.assistant("", calls),
+            Message.tool(ToolResult("t0", "")),
+            Message.tool(ToolResult("t1", " \n", is_error=True)),
+            Message.tool(ToolResult("t2", "")),
+        )
+        async with make(server) as model:
+            await model.complete(ModelRequest("", transcript, (WEATHER,), {}))
+        results = server.bodies[0]["messages"][2]["content"]
+        assert results == [
+            {"type": "tool_result", "tool_use_id": "t0", "content": "(no output)"},
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": "(the tool failed without a message)",
+                "is_error": True,
+            },
+            {"type": "tool_result", "tool_use_id": "t2", "content": "(no output)"},
+        ]
+
     async def test_tool_message_without_result_is_refused(self, server: ModelServer) -> None:
         async with make(server) as model:
             with pytest.raises(Exception, match="tool_result"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -357,13 +357,22 @@ def _messages(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
     return "\n\n".join(system), turns
 
 
+# What a tool result with no text says instead: the API refuses an empty (or blank)
+# result with a 400, though a tool may well have nothing to say.
+_NO_OUTPUT: Final = "(no output)"
+_NO_ERROR_MESSAGE: Final = "(the tool failed without a message)"
+
+
 def _blocks(message: Message) -> list[dict[str, Any]]:
     if message.role == "tool":
         result = tool_result(message)
+        content = result.content
+        if not content or content.isspace():
+            content = _NO_ERROR_MESSAGE if result.is_error else _NO_OUTPUT
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": result.tool_call_id,
-            "content": result.content,
+            "content": content,
         }
         if result.is_error:
             block["is_error"] = True
