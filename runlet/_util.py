@@ -293,9 +293,9 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(work)
-        if failure:
-            # asyncio delivered the caller's cancellation above; trio does so here.
-            await anyio.lowlevel.checkpoint_if_cancelled()
+        # asyncio delivered the caller's cancellation above; trio does so here, whether
+        # the call returned or raised.
+        await anyio.lowlevel.checkpoint_if_cancelled()
     except BaseException as exc:
         if failure and is_cancellation(exc):
             log.warning(

@@ -315,8 +315,7 @@ async def test_to_the_end_lets_the_cancellation_go_on_whatever_the_call_did() ->
     for call_ in (fails, finishes):
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await to_the_end(call_)  # runs to its end all the same
-            await anyio.lowlevel.checkpoint()  # the cancellation goes on (asyncio: before)
+            await to_the_end(call_)  # runs to its end all the same; then it is cancelled
             ran.append("not cancelled")
         assert scope.cancelled_caught
     assert ["failed", "done"] == ran
@@ -326,6 +325,42 @@ async def test_to_the_end_lets_the_cancellation_go_on_whatever_the_call_did() ->
 
     with pytest.raises(OSError, match="disk full"):  # not cancelled: raised as itself
         await fails_uncancelled()
+
+
+async def test_a_resume_cancelled_while_it_stores_its_outcome_is_cancelled() -> None:
+    # A store that waits in resolve() (every durable one): the write goes to its end, and
+    # the caller then sees its cancellation, on trio as on asyncio, not a result.
+    class SlowResolve(InMemoryCheckpointStore):
+        async def resolve(self, *args: Any) -> None:
+            resolving.set()
+            await release.wait()
+            await super().resolve(*args)
+
+    resolving, release = anyio.Event(), anyio.Event()
+    store = SlowResolve()
+    runtime = Runtime(checkpoint_store=store)
+    tool = ToolSpec("pay", "Pay.", {"type": "object"}, lambda a, c: "Paid.", requires_approval=True)
+    agent = approval_agent(tool, script=[call("pay", id="c1"), "Done."])
+    first = await runtime.run(agent, "Pay.")
+    assert first.checkpoint_id is not None
+    got: list[object] = []
+    scope = anyio.CancelScope()
+
+    async def resume() -> None:
+        with scope:
+            kwargs = {"checkpoint_id": first.checkpoint_id, "response": approve(first)}
+            got.append(await runtime.resume(agent, **kwargs))
+        got.append(scope.cancelled_caught)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resume)
+        await resolving.wait()
+        scope.cancel()
+        release.set()  # the write finishes all the same (it is shielded)
+    assert [True] == got
+    assert "resolved" == (await store.get(first.checkpoint_id)).status
+    again = await runtime.resume(agent, checkpoint_id=first.checkpoint_id, response=approve(first))
+    assert ("completed", "Done.") == (again.status, again.output)
 
 
 # --- A deadline that passes during the last turn of a resume that holds a lease ----------
