@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import signal
 import sqlite3
@@ -219,15 +220,15 @@ async def durable_demo(
             print(f"  (checkpoint {started.checkpoint_id} saved in {path})")
         if mode == "start":
             print(
-                f"Answer it from another process: python -m runlet.demo --store {path} "
-                f"--answer-pending{again}"
+                f"Answer it from another process: {_python()} -m runlet.demo --store "
+                f"{shlex.quote(path)} --answer-pending{again}"
             )
             return output
         waiting = await store.list_pending(agent_name="support")
         if not waiting:
             print(
-                f"No run is waiting in {path}. Start one: python -m runlet.demo --store "
-                f"{path} --no-answer"
+                f"No run is waiting in {path}. Start one: {_python()} -m runlet.demo --store "
+                f"{shlex.quote(path)} --no-answer"
             )
         for found in waiting:
             request, checkpoint_id = found.request, found.checkpoint_id
@@ -285,6 +286,20 @@ def missing_extra(args: argparse.Namespace) -> str | None:
                 f'pip install "runlet[{extra}]" (in a clone: pip install -e ".[{extra}]").'
             )
     return None
+
+
+def _python() -> str:
+    """This interpreter, as a shell command (``.venv/bin/python`` from the project's
+    directory): a plain ``python`` may have no Runlet, or be no command at all."""
+    if not sys.executable:
+        return "python"
+    try:
+        executable = os.path.relpath(sys.executable)
+    except ValueError:  # on another drive (Windows)
+        executable = sys.executable
+    if executable.startswith(os.pardir) or not os.path.dirname(executable):
+        executable = sys.executable  # outside this directory, or right in it
+    return shlex.quote(executable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

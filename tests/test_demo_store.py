@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from runlet import demo
 from runlet.demo import main
 
 
@@ -59,11 +62,31 @@ def test_store_options_are_checked(
 
 
 def test_two_real_processes(tmp_path: Path) -> None:
-    """The README's two commands."""
+    """The README's two commands; the second as the first says to give it."""
     command = [sys.executable, "-m", "runlet.demo", "--store", str(tmp_path / "demo.db")]
-    first = subprocess.run([*command, "--no-answer"], capture_output=True, text=True, check=True)
+    run = partial(subprocess.run, capture_output=True, text=True, check=True, cwd=tmp_path)
+    first = run([*command, "--no-answer"])
     assert "[interrupted: choice]" in first.stdout
-    second = subprocess.run(
-        [*command, "--answer-pending"], capture_output=True, text=True, check=True
-    )
+    told = first.stdout.split("Answer it from another process: ")[1].splitlines()[0]
+    assert shlex.split(told)[:2] == [sys.executable, "-m"]  # the interpreter that has Runlet
+    second = run(shlex.split(told))
     assert "agent: Done: order 123 refunded as card." in second.stdout
+    third = run(shlex.split(told))
+    told = third.stdout.split("Start one: ")[1].splitlines()[0]
+    assert shlex.split(told) == [*command, "--no-answer"]
+
+
+@pytest.mark.parametrize(
+    ("directory", "shown"),
+    [("project", ".venv/bin/python"), ("elsewhere", "{executable}"), ("bin", "{executable}")],
+)
+def test_the_demo_names_the_interpreter_that_runs_it(
+    directory: str, shown: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From the project's directory, as the README runs it: the venv's python, short.
+    executable = tmp_path / "project" / ".venv" / "bin" / "python"
+    executable.parent.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setattr(sys, "executable", str(executable))
+    monkeypatch.chdir(tmp_path / directory if directory != "bin" else executable.parent)
+    assert shown.format(executable=executable) == demo._python()

@@ -146,3 +146,32 @@ def test_the_second_handle_tests_catch_state_kept_in_the_object(
         if report.failed
     )
     assert failed == [f"{name}[{backend}]" for name in names for backend in sorted(BACKENDS)]
+
+
+_SUITE_WITH_A_STORE_THAT_IGNORES_AFTER = """
+from contextlib import asynccontextmanager
+from runlet import InMemoryCheckpointStore
+from runlet.testing import store_conformance_tests
+
+class IgnoresAfter(InMemoryCheckpointStore):
+    async def list_pending(self, *, after=None, **filters):
+        return await super().list_pending(**filters)
+
+@asynccontextmanager
+async def fresh(lease):
+    yield IgnoresAfter(lease=lease)
+
+TestStore = store_conformance_tests(fresh, backends=("asyncio",))
+"""
+
+
+def test_a_failed_check_of_the_suite_shows_what_it_compared(pytester: pytest.Pytester) -> None:
+    # The suite's module is not a test module, so pytest shows the values of its failed
+    # asserts only because runlet.testing asks it to rewrite them. In a fresh process:
+    # one that imported runlet.testing already has it as it is.
+    pytester.makepyfile(_SUITE_WITH_A_STORE_THAT_IGNORES_AFTER)
+    outcome = pytester.runpytest_subprocess(
+        "-q", "-p", "anyio", "-p", "no:randomly", "-k", "test_list_pending_pages_oldest_first"
+    )
+    outcome.assert_outcomes(failed=1)
+    outcome.stdout.fnmatch_lines(["*At index 1 diff: [[]'cp_0', 'cp_1', 'cp_2'[]] != *"])
