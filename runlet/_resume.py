@@ -937,7 +937,8 @@ async def _repeat(
             raise HumanResponseConflictError(
                 f"Request {decision.request_id!r} was already answered {_by(decision)}, and "
                 f"checkpoint {checkpoint_id!r} was resolved with that answer; the first "
-                "accepted answer is final. Repeat that response to get its result again.",
+                "accepted answer is final. Only that same response (the same action, "
+                "values and responder) gets its stored result again.",
                 checkpoint_id=checkpoint_id,
                 request_id=decision.request_id,
                 decision=decision,

@@ -8,6 +8,7 @@ import functools
 import inspect
 import logging
 import math
+import sys
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -294,8 +295,11 @@ async def to_the_end(call: Callable[[], Awaitable[T]]) -> T:
         async with anyio.create_task_group() as group:
             group.start_soon(work)
         # asyncio delivered the caller's cancellation above; trio does so here, whether
-        # the call returned or raised.
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # the call returned or raised. Not over an interrupt (Ctrl-C) the caller is
+        # cleaning up after: a cancel scope would take the cancellation, and the
+        # interrupt with it.
+        if failure or not _interrupted():
+            await anyio.lowlevel.checkpoint_if_cancelled()
     except BaseException as exc:
         if failure and is_cancellation(exc):
             log.warning(
@@ -447,6 +451,13 @@ def _copied(value: Any, memo: dict[int, Any]) -> Any:
         return items
     # A tuple cannot hold itself except through a list or dict, which the memo catches.
     return tuple([_copied(item, memo) for item in value])
+
+
+def _interrupted() -> bool:
+    """Whether the caller is handling an interrupt: a ``KeyboardInterrupt``, a
+    ``SystemExit`` or the like, not an error and not a cancellation."""
+    exc = sys.exc_info()[1]
+    return exc is not None and not isinstance(exc, Exception) and not is_cancellation(exc)
 
 
 def is_cancellation(exc: BaseException) -> bool:

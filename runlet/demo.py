@@ -295,7 +295,7 @@ def _python() -> str:
         return "python"
     try:
         executable = os.path.relpath(sys.executable)
-    except ValueError:  # on another drive (Windows)
+    except (ValueError, OSError):  # on another drive (Windows), or no current directory
         executable = sys.executable
     if executable.startswith(os.pardir) or not os.path.dirname(executable):
         executable = sys.executable  # outside this directory, or right in it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -325,6 +326,32 @@ async def test_to_the_end_lets_the_cancellation_go_on_whatever_the_call_did() ->
 
     with pytest.raises(OSError, match="disk full"):  # not cancelled: raised as itself
         await fails_uncancelled()
+
+
+async def test_to_the_end_under_an_interrupt_leaves_the_interrupt_to_go_on(
+    anyio_backend: str,
+) -> None:
+    # Cleaning up after Ctrl-C (giving a claim back, closing a store) in a cancelled
+    # scope: on trio the cancellation waits, so the scope cannot take the interrupt with
+    # it. (On asyncio the task group's own exit delivers it, as before.)
+    from runlet._util import to_the_end
+
+    ran: list[str] = []
+
+    async def finishes() -> None:
+        await anyio.lowlevel.checkpoint()
+        ran.append("done")
+
+    with pytest.raises(KeyboardInterrupt) if anyio_backend == "trio" else nullcontext():
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                await to_the_end(finishes)
+                ran.append("cleaned up")
+                raise
+    assert (["done", "cleaned up"] if anyio_backend == "trio" else ["done"]) == ran
 
 
 async def test_a_resume_cancelled_while_it_stores_its_outcome_is_cancelled() -> None:

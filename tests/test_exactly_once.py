@@ -2809,7 +2809,7 @@ async def test_another_answer_to_a_resolved_checkpoint_is_a_conflict_where_ever_
     with pytest.raises(
         HumanResponseConflictError,
         match=r"answered with 'approve' \(by an earlier resume\), and checkpoint '[^']+' was "
-        r"resolved with that answer; the first accepted answer is final\. Repeat",
+        r"resolved with that answer; the first accepted answer is final\. Only that same",
     ) as info:
         await rt.resume(
             agent, checkpoint_id=cp(first), response=HumanResponse(request_id, "reject")
