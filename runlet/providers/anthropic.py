@@ -357,8 +357,8 @@ def _messages(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
     return "\n\n".join(system), turns
 
 
-# What a tool result with no text says instead: the API refuses an empty (or blank)
-# result with a 400, though a tool may well have nothing to say.
+# What a tool result with no text says instead: the API may refuse an empty (or blank)
+# result with a 400 (it does for an error result), though a tool may have nothing to say.
 _NO_OUTPUT: Final = "(no output)"
 _NO_ERROR_MESSAGE: Final = "(the tool failed without a message)"
 

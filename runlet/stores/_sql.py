@@ -27,7 +27,6 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import anyio
-import anyio.lowlevel
 import anyio.to_thread
 import attrs
 
@@ -221,8 +220,8 @@ class SQLStore:
             self._opening = True
         try:
             try:
+                # A cancellation that came meanwhile is raised once it has opened.
                 await to_the_end(partial(anyio.to_thread.run_sync, self._open))
-                await anyio.lowlevel.checkpoint_if_cancelled()
             except BaseException as exc:
                 if isinstance(exc, Exception) and not is_cancellation(exc):
                     raise  # opening failed, and closed what it opened
@@ -406,11 +405,9 @@ class SQLStore:
             raise claimed_error(checkpoint_id)  # pragma: no cover - five lost races in a row
 
         try:
-            claim = await to_the_end(partial(self._run, work))
-            # A cancellation that arrived while the thread ran must not hand out a claim
-            # the caller will never see.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            return claim
+            # A cancellation that arrived while the thread ran is raised after it (by
+            # to_the_end), so no claim goes to a caller who will never see it.
+            return await to_the_end(partial(self._run, work))
         except BaseException as exc:
             if (
                 isinstance(exc, Exception)
